@@ -1,0 +1,37 @@
+# The two commands of the README, and what they need. Works on a machine with only
+# Python 3.10+: creates .venv, installs the pinned packages, then runs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PORT   ?= 8888
+PYTEST_ARGS ?=
+
+.PHONY: lab test setup system-deps benchmark clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP) system-deps
+
+# Debian packages some tests need (listed in scripts/system-packages.txt); installed
+# with apt-get when missing, skipped when already there.
+system-deps:
+	./scripts/install-system-deps.sh
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir=. \
+	    lessons/00_first_distributed_run.ipynb
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+benchmark: setup
+	$(PY) benchmarks/launcher.py
+
+clean:
+	rm -rf runs lessons/runs labs/*/runs tests/runs .pytest_cache test-artifacts

@@ -1,0 +1,5 @@
+import sys
+
+from labutils.cli import main
+
+sys.exit(main())

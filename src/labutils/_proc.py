@@ -1,0 +1,100 @@
+"""Process plumbing: die with the parent, find free ports, stop process trees.
+
+Kept free of heavy imports: the worker bootstrap and the agent wrapper call
+die_with_parent() before anything else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux only).
+
+    The parent may already be gone by the time we ask; then exit at once, since
+    the signal would never come. Elsewhere this is a no-op: the launcher's own
+    stop still reaches every process it started.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(137)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it; never 29500 by habit)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (children first level first), via psutil."""
+    try:
+        import psutil
+
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # the process is gone or psutil cannot see it
+        return []
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)  # workers lead their own session: reach their children too
+        except OSError:
+            pass
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def stop_processes(pids: Iterable[int], *, grace_s: float = 2.0) -> list[int]:
+    """Two-stage stop: SIGTERM to every process (and its group), wait, then SIGKILL.
+
+    Returns the pids that were still alive when SIGKILL was sent.
+    """
+    pids = [p for p in dict.fromkeys(pids) if p and p > 1 and p != os.getpid()]
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return []
+        time.sleep(0.02)
+    stubborn = [p for p in pids if pid_alive(p)]
+    _signal_all(stubborn, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(pid_alive(p) for p in stubborn):
+        time.sleep(0.02)
+    return stubborn

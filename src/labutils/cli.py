@@ -1,0 +1,97 @@
+"""The `labutils` command: launch, doctor (and grade, once labs exist)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from labutils.errors import LaunchConfigError
+from labutils.result import EXIT_INTERRUPTED, EXIT_USAGE
+
+
+def _launch_parser(sub) -> None:
+    p = sub.add_parser(
+        "launch", help="run a script on N ranks with torchrun",
+        description="Run SCRIPT on N ranks; print '[rank N] line' as lines arrive and a "
+        "summary at the end. Exit status: 0 ok, 1 a rank failed, 2 usage error, "
+        "3 hang detected, 4 timeout, 130 interrupted.",
+    )
+    p.add_argument("-n", "--nproc", type=int, default=2, help="ranks on this machine (default 2)")
+    p.add_argument("script", help="the training script (.py)")
+    p.add_argument("--hang-timeout", type=float, default=30.0,
+                   help="seconds without progress before a hang is reported (0: never)")
+    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a failure")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--log-dir", default=None, help="where run folders go (default ./runs)")
+    p.add_argument("--json", dest="json_file", default=None, help="write the run summary here")
+    p.epilog = "Arguments for the script go after --: labutils launch -n 4 train.py -- --epochs 2"
+
+
+def _cmd_launch(ns: argparse.Namespace) -> int:
+    from labutils.display import TextDisplay
+    from labutils.launcher import last_result, launch
+
+    script_args = ns.script_args
+    try:
+        result = launch(
+            ns.script, ns.nproc, args=script_args, backend=ns.backend,
+            hang_timeout=ns.hang_timeout or None, timeout=ns.timeout,
+            max_restarts=ns.max_restarts, log_dir=ns.log_dir, display=TextDisplay(limit=None),
+        )
+    except KeyboardInterrupt:
+        result = last_result()
+        if result is not None and ns.json_file:
+            result.write_json(ns.json_file)
+        return EXIT_INTERRUPTED
+    if ns.json_file:
+        result.write_json(ns.json_file)
+    return result.exit_status
+
+
+def _cmd_doctor(ns: argparse.Namespace) -> int:
+    from labutils.doctor import environment_report
+
+    report = environment_report()
+    if ns.json:
+        print(json.dumps(report, indent=2))
+    else:
+        from labutils.doctor import format_report
+
+        print(format_report(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labutils", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _launch_parser(sub)
+    d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:  # everything after the first -- belongs to the script
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    ns.script_args = script_args
+    try:
+        if ns.command == "launch":
+            return _cmd_launch(ns)
+        if ns.command == "doctor":
+            return _cmd_doctor(ns)
+    except LaunchConfigError as exc:
+        print(f"labutils {ns.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.error(f"unknown command {ns.command}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""What went wrong: the failure summary and the hang report.
+
+Failure: every rank that raised left an ``exception`` event (type, message,
+file:line, traceback without launcher frames). When one rank dies, its peers
+usually die of it: torchrun terminates them, or their next collective fails
+with a connection error. The root cause is the earliest failure that does not
+look like such a consequence; the others are marked as victims.
+
+Hang: the launcher asks each live rank for its Python stack (faulthandler on
+SIGUSR1, which works while the rank is blocked inside gloo or NCCL), finds the
+line of the learner's script each rank waits on, and names the straggler: the
+rank whose position differs from the others'.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Messages of ranks that failed only because a peer went away first.
+_VICTIM_PATTERNS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connectfullmesh",
+    "connection refused",
+    "failed to recv",
+    "failed to send",
+    "communicator was aborted",
+    "remote process exited",
+    "socket closed",
+    "read error",
+)
+_COLLECTIVE_FILES = ("distributed_c10d.py",)
+
+
+def looks_like_victim(message: str) -> bool:
+    """True for errors a rank gets when a peer died (gloo/NCCL connection loss)."""
+    low = message.lower()
+    return any(p in low for p in _VICTIM_PATTERNS)
+
+
+def signal_name(exit_code: int | None) -> str:
+    if exit_code is None or exit_code >= 0:
+        return ""
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+@dataclass
+class Failure:
+    """The root cause of a failed run. Unpacks as (rank, exc_type, message, file, line, traceback)."""
+
+    rank: int
+    exc_type: str
+    message: str
+    file: str | None
+    line: int | None
+    traceback: str
+    source: str = ""
+    victims: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def __iter__(self):
+        return iter((self.rank, self.exc_type, self.message, self.file, self.line, self.traceback))
+
+    @property
+    def where(self) -> str:
+        return f"{_short(self.file)}:{self.line}" if self.file else "unknown location"
+
+    def to_json(self) -> dict:
+        return {
+            "rank": self.rank, "exc_type": self.exc_type, "message": self.message,
+            "file": self.file, "line": self.line, "source": self.source,
+            "victims": self.victims, "exit_code": self.exit_code,
+        }
+
+
+def _short(path: str | None) -> str:
+    if not path:
+        return "?"
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def find_failure(
+    exceptions: dict[int, dict],
+    exit_codes: dict[int, int | None],
+    failed_ranks: list[int],
+    *,
+    finished: set[int] = frozenset(),
+    stderr_tails: dict[int, str] | None = None,
+) -> Failure | None:
+    """The root-cause failure among the ranks of one attempt.
+
+    Args:
+        exceptions: rank -> its exception event (exc_type, message, file, line, traceback, t).
+        exit_codes: rank -> exit code (negative: killed by that signal; None: unknown).
+        failed_ranks: ranks that ended badly (exception, non-zero exit, signal).
+        finished: ranks whose script ran to its end before the process died.
+        stderr_tails: rank -> last lines of its stderr, shown for crashes without
+            a Python exception.
+    """
+    stderr_tails = stderr_tails or {}
+    if not failed_ranks and not exceptions:
+        return None
+    candidates = sorted(exceptions.items(), key=lambda kv: kv[1].get("t", 0.0))
+    primary = [kv for kv in candidates if not looks_like_victim(kv[1].get("message", ""))]
+    # A rank killed by a signal nobody on our side sent (SIGKILL from fault injection or
+    # the OOM killer, a segfault) without an exception is a root cause too; SIGTERM is
+    # how torchrun ends the peers of a failed rank.
+    crashed = [
+        r for r in failed_ranks
+        if r not in exceptions and (exit_codes.get(r) or 0) < 0
+        and exit_codes.get(r) != -signal.SIGTERM
+    ]
+    exited = [r for r in failed_ranks if r not in exceptions and (exit_codes.get(r) or 0) > 0]
+    if primary:
+        rank, ev = primary[0]
+        root = Failure(
+            rank=rank, exc_type=ev.get("exc_type", "?"), message=ev.get("message", ""),
+            file=ev.get("file"), line=ev.get("line"), traceback=ev.get("traceback", ""),
+            source=ev.get("source", ""), exit_code=exit_codes.get(rank),
+        )
+    elif crashed:
+        rank = crashed[0]
+        code = exit_codes[rank]
+        if rank in finished:
+            message = (f"the script ran to its end, then the process died of {signal_name(code)} "
+                       "while Python shut down; call dist.destroy_process_group() at the end "
+                       "of the script")
+        else:
+            message = (f"killed by {signal_name(code)} (no Python exception: the process was "
+                       "killed or crashed)")
+        root = Failure(
+            rank=rank, exc_type=signal_name(code), message=message, file=None, line=None,
+            traceback=stderr_tails.get(rank, ""), exit_code=code,
+        )
+    elif candidates:
+        rank, ev = candidates[0]
+        root = Failure(
+            rank=rank, exc_type=ev.get("exc_type", "?"), message=ev.get("message", ""),
+            file=ev.get("file"), line=ev.get("line"), traceback=ev.get("traceback", ""),
+            source=ev.get("source", ""), exit_code=exit_codes.get(rank),
+        )
+    elif exited:
+        rank = exited[0]
+        root = Failure(
+            rank=rank, exc_type="SystemExit", message=f"exit code {exit_codes[rank]}",
+            file=None, line=None, traceback="", exit_code=exit_codes[rank],
+        )
+    else:
+        rank = failed_ranks[0]
+        code = exit_codes.get(rank)
+        root = Failure(
+            rank=rank, exc_type=signal_name(code) or "Died",
+            message="the process ended without an exit code we could read",
+            file=None, line=None, traceback="", exit_code=code,
+        )
+    involved = set(failed_ranks) | set(exceptions)
+    root.victims = sorted(r for r in involved if r != root.rank)
+    return root
+
+
+# ---------------------------------------------------------------------------- hangs
+
+_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+
+def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
+    """The main thread's frames (innermost first) from a faulthandler dump.
+
+    Falls back to the first thread in the dump when main_tid is unknown or absent.
+    """
+    threads: dict[int, list[Frame]] = {}
+    order: list[int] = []
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        m = _THREAD_RE.match(line)
+        if m:
+            tid = int(m.group(2), 16)
+            current = threads.setdefault(tid, [])
+            if tid in order:  # a later dump of the same thread: keep only the newest
+                current.clear()
+            else:
+                order.append(tid)
+            continue
+        m = _FRAME_RE.match(line)
+        if m and current is not None:
+            current.append(Frame(m.group(1), int(m.group(2)), m.group(3).strip()))
+    if main_tid is not None and main_tid in threads:
+        return threads[main_tid]
+    return threads[order[0]] if order else []
+
+
+def user_frame(frames: list[Frame], script: str | None) -> Frame | None:
+    """The innermost frame in the learner's script, else the innermost outside libraries."""
+    script_abs = os.path.abspath(script) if script else None
+    for fr in frames:
+        if script_abs and os.path.abspath(fr.file) == script_abs:
+            return fr
+    for fr in frames:
+        if not _is_library(fr.file):
+            return fr
+    return frames[0] if frames else None
+
+
+def _is_bootstrap(path: str) -> bool:
+    return path.endswith("labutils/worker.py") or path == "<frozen runpy>" or path.endswith("/runpy.py")
+
+
+def _is_library(path: str) -> bool:
+    return (
+        "site-packages" in path or "dist-packages" in path or path.startswith("<")
+        or "/lib/python3" in path or path.endswith("labutils/worker.py")
+    )
+
+
+def collective_of(frames: list[Frame], at: Frame | None) -> str:
+    """The torch.distributed call the rank is inside (closest to the learner's line)."""
+    names = [fr.func for fr in frames if fr.file.endswith(_COLLECTIVE_FILES)]
+    if at is not None and at in frames:
+        inner = frames[: frames.index(at)]
+        names = [fr.func for fr in inner if fr.file.endswith(_COLLECTIVE_FILES)]
+    return names[-1] if names else ""
+
+
+@dataclass
+class Hang:
+    """A hang report. Unpacks as (stacks, waiting, stragglers)."""
+
+    stacks: dict[int, str]
+    waiting: dict[int, str]
+    stragglers: list[int]
+    calls: dict[int, str] = field(default_factory=dict)      # rank -> collective it waits in
+    sources: dict[int, str] = field(default_factory=dict)    # rank -> source of its line
+    exited: dict[int, int | None] = field(default_factory=dict)  # ranks already gone
+    silent_s: float = 0.0
+    explanation: str = ""
+
+    def __iter__(self):
+        return iter((self.stacks, self.waiting, self.stragglers))
+
+    def to_json(self) -> dict:
+        return {
+            "stacks": {str(r): s for r, s in self.stacks.items()},
+            "waiting": {str(r): w for r, w in self.waiting.items()},
+            "stragglers": self.stragglers,
+            "calls": {str(r): c for r, c in self.calls.items()},
+            "exited": {str(r): c for r, c in self.exited.items()},
+            "silent_s": round(self.silent_s, 2),
+            "explanation": self.explanation,
+        }
+
+
+def analyse_hang(
+    dumps: dict[int, str],
+    main_tids: dict[int, int | None],
+    script: str | None,
+    *,
+    exited: dict[int, int | None] | None = None,
+    silent_s: float = 0.0,
+) -> Hang:
+    """Turn per-rank faulthandler dumps into waiting lines and stragglers."""
+    stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
+    for rank in sorted(dumps):
+        frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
+        while frames and _is_bootstrap(frames[-1].file):  # runpy and worker.py under the script
+            frames.pop()
+        frames_of[rank] = frames
+        stacks[rank] = "\n".join(f'  File "{f.file}", line {f.line} in {f.func}' for f in frames) \
+            or dumps[rank].strip() or "(no stack received)"
+        at = user_frame(frames, script)
+        waiting[rank] = f"{_short(at.file)}:{at.line}" if at else "unknown"
+        calls[rank] = collective_of(frames, at)
+        sources[rank] = linecache.getline(at.file, at.line).strip() if at else ""
+    stragglers, explanation = _stragglers(waiting, calls, exited or {})
+    return Hang(stacks, waiting, stragglers, calls, sources, dict(exited or {}), silent_s,
+                explanation)
+
+
+def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict) -> tuple[list[int], str]:
+    ranks = sorted(waiting)
+    if not ranks:
+        return [], "no rank was alive to inspect"
+    in_collective = [r for r in ranks if calls.get(r)]
+    outside = [r for r in ranks if not calls.get(r)]
+    if in_collective and outside:
+        return outside, (
+            f"{_fmt(in_collective)} {_verb(in_collective, 'waits', 'wait')} in a collective that "
+            f"{_fmt(outside)} {_verb(outside, 'has', 'have')} not reached"
+        )
+    counts = Counter(waiting[r] for r in ranks)
+    if exited and len(counts) == 1:
+        return [], (
+            f"{_fmt(ranks)} {_verb(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "
+            f"{_fmt(sorted(exited))}, which already left the run (uneven inputs or an early exit)"
+        )
+    if len(counts) == 1:
+        return [], f"every rank waits at {waiting[ranks[0]]}"
+    top = counts.most_common()
+    if top[0][1] > top[1][1]:
+        majority = top[0][0]
+        odd = [r for r in ranks if waiting[r] != majority]
+        same = [r for r in ranks if waiting[r] == majority]
+        return odd, (
+            f"{_fmt(same)} {_verb(same, 'waits', 'wait')} at {majority}; "
+            f"{_fmt(odd)} {_verb(odd, 'is', 'are')} somewhere else"
+        )
+    return [], "the ranks wait at different lines: their collectives do not match"
+
+
+def _fmt(ranks: list[int]) -> str:
+    """'rank 1' or 'ranks 0, 2, 3'."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _verb(ranks: list[int], one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many

@@ -1,0 +1,66 @@
+"""`labutils doctor`: what this machine offers for distributed training, and advice."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+
+def recommended_world_size(cores: int, gpus: int) -> int:
+    """Ranks to use for the lessons: one per GPU, else one per core between 2 and 4."""
+    if gpus > 0:
+        return gpus
+    return max(2, min(4, cores))
+
+
+def environment_report() -> dict:
+    """Facts about this machine and the torch install, as plain data."""
+    import torch
+    import torch.distributed as dist
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backends = {
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "nccl": dist.is_available() and dist.is_nccl_available(),
+        "mpi": dist.is_available() and dist.is_mpi_available(),
+    }
+    world = recommended_world_size(cores or 1, gpus)
+    advice = []
+    if gpus:
+        advice.append(f"use backend='nccl' (auto picks it) with up to {gpus} ranks, one GPU each")
+    else:
+        advice.append("no GPU: every lesson runs on CPU with gloo")
+        advice.append(f"the lessons start up to 4 ranks; with {cores} core(s) the ranks share "
+                      "cores: results stay exact, timings show contention rather than scaling")
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "backends": backends,
+        "gpus": gpus,
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
+        "cpu_cores": cores,
+        "recommended_world_size": world,
+        "recommended_backend": "nccl" if gpus and backends["nccl"] else "gloo",
+        "advice": advice,
+    }
+
+
+def format_report(report: dict) -> str:
+    backends = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in report["backends"].items())
+    gpus = report["gpus"]
+    names = f" ({', '.join(report['gpu_names'])})" if report["gpu_names"] else ""
+    lines = [
+        f"python     {report['python']} on {report['platform']}",
+        f"torch      {report['torch']} (CUDA {report['cuda'] or 'none'})",
+        f"backends   {backends}",
+        f"GPUs       {gpus}{names}",
+        f"CPU cores  {report['cpu_cores']}",
+        f"recommended: {report['recommended_world_size']} ranks with "
+        f"{report['recommended_backend']}",
+    ]
+    lines += [f"  - {a}" for a in report["advice"]]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""Error classes that carry the facts a learner needs to fix the problem."""
+
+from __future__ import annotations
+
+
+class LabutilsError(Exception):
+    """Base class of every error labutils raises on purpose."""
+
+
+class LaunchConfigError(LabutilsError, ValueError):
+    """A launch request was rejected before any rank started.
+
+    Carries what was expected, what was given and how to fix it, and formats
+    them as one line so the notebook shows a short, readable message.
+    """
+
+    def __init__(self, what: str, *, expected: str, given: object, fix: str) -> None:
+        self.what = what
+        self.expected = expected
+        self.given = given
+        self.fix = fix
+        super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
+
+
+class ScriptSyntaxError(LaunchConfigError):
+    """The learner's script does not compile; carries file, line and the compiler's message."""
+
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        LabutilsError.__init__(
+            self,
+            f"syntax error in {path}:{line}: {message}; fix the script and run again "
+            "(no rank was started)",
+        )
+        self.what, self.expected, self.given, self.fix = (
+            "script", "valid Python", f"{path}:{line}", "fix the syntax error",
+        )
+
+
+class RecordError(LabutilsError, TypeError):
+    """report() was given a value that cannot be sent to the notebook as JSON."""
+
+    def __init__(self, name: str, value: object) -> None:
+        self.name = name
+        self.value = value
+        super().__init__(
+            f"report({name}=...): expected a number, string, bool, None, a one-element "
+            f"tensor or a list/dict of those, got {type(value).__name__}; "
+            f"convert it first, e.g. report({name}=float(x))"
+        )

@@ -1,0 +1,196 @@
+"""RunResult: everything a finished run left behind, as text, HTML and JSON."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labutils import runfiles
+from labutils.diagnosis import Failure, Hang, signal_name
+
+STATES = ("starting", "running", "done", "failed", "hung", "killed")
+
+# Exit statuses of `labutils launch` (DESIGN.md).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HANG, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+@dataclass
+class RankResult:
+    """One rank: its state, exit code and output (the full text is read from disk)."""
+
+    rank: int
+    state: str = "starting"
+    exit_code: int | None = None
+    pid: int | None = None
+    log_dir: Path | None = None
+    stdout_lines: int = 0
+    stderr_lines: int = 0
+    tail: list[tuple[str, str]] = field(default_factory=list)  # last (stream, line) pairs
+    victim: bool = False
+
+    def _read(self, stream: str) -> str:
+        if self.log_dir is None:
+            return ""
+        try:
+            return runfiles.stream_path(self.log_dir, self.rank, stream).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def stdout(self) -> str:
+        """Everything this rank wrote to stdout (all attempts), from its log file."""
+        return self._read("stdout")
+
+    @property
+    def stderr(self) -> str:
+        """Everything this rank wrote to stderr (all attempts), from its log file."""
+        return self._read("stderr")
+
+    def to_json(self) -> dict:
+        return {
+            "rank": self.rank, "exit_code": self.exit_code, "state": self.state,
+            "stdout_lines": self.stdout_lines, "stderr_lines": self.stderr_lines,
+        }
+
+
+@dataclass
+class RunResult:
+    """What launch() returns. ``ok`` is True only when every rank exited with 0."""
+
+    ok: bool
+    world_size: int
+    duration_s: float
+    log_dir: Path
+    ranks: list[RankResult]
+    records: list[dict] = field(default_factory=list)
+    failure: Failure | None = None
+    hang: Hang | None = None
+    attempts: list[dict] = field(default_factory=list)
+    reason: str = "ok"  # ok | failed | hang | timeout | stopped | interrupted
+    script: str = ""
+    command: list[str] = field(default_factory=list)
+    agent_exit_code: int | None = None
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status for this result: 0 ok, 1 failed, 3 hang, 4 timeout, 130 stop."""
+        return {
+            "ok": EXIT_OK, "failed": EXIT_FAILED, "hang": EXIT_HANG, "timeout": EXIT_TIMEOUT,
+            "stopped": EXIT_INTERRUPTED, "interrupted": EXIT_INTERRUPTED,
+        }.get(self.reason, EXIT_FAILED)
+
+    def values(self, name: str, *, rank: int | None = None) -> list:
+        """The reported values of one name, in order (optionally of one rank)."""
+        return [r[name] for r in self.records if name in r and (rank is None or r["rank"] == rank)]
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "world_size": self.world_size,
+            "duration_s": round(self.duration_s, 3),
+            "log_dir": str(self.log_dir),
+            "reason": self.reason,
+            "ranks": [r.to_json() for r in self.ranks],
+            "failure": self.failure.to_json() if self.failure else None,
+            "hang": self.hang.to_json() if self.hang else None,
+            "attempts": self.attempts,
+            "records": self.records,
+        }
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        """Write the JSON summary atomically (temp file, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ reading
+    def headline(self) -> str:
+        what = {
+            "ok": "finished", "failed": "FAILED", "hang": "HUNG", "timeout": "TIMED OUT",
+            "stopped": "STOPPED", "interrupted": "INTERRUPTED",
+        }.get(self.reason, self.reason)
+        restarts = f", {len(self.attempts) - 1} restart(s)" if len(self.attempts) > 1 else ""
+        return (f"run {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
+                f"logs in {_short_dir(self.log_dir)}")
+
+    def summary(self) -> str:
+        """The readable report: headline, per-rank states, failure or hang details."""
+        lines = [self.headline()]
+        for r in self.ranks:
+            code = "" if r.exit_code is None else f" exit {r.exit_code}"
+            sig = signal_name(r.exit_code)
+            extra = " (victim: died because a peer failed)" if r.victim else ""
+            lines.append(f"  rank {r.rank}: {r.state}{code}{' ' + sig if sig else ''}{extra}")
+        if self.failure:
+            f = self.failure
+            lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {f.message}")
+            lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
+            if f.victims:
+                who = "rank" if len(f.victims) == 1 else "ranks"
+                lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because rank "
+                             f"{f.rank} failed")
+            if f.traceback:
+                lines.append("traceback of rank %d:" % f.rank)
+                lines.extend("  " + t for t in f.traceback.rstrip().splitlines())
+        if self.hang:
+            h = self.hang
+            lines.append(f"hang: no rank made progress for {h.silent_s:.0f} s; {h.explanation}")
+            for rank, where in h.waiting.items():
+                call = f" in {h.calls[rank]}()" if h.calls.get(rank) else ""
+                src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
+                mark = "  <- straggler" if rank in h.stragglers else ""
+                lines.append(f"  rank {rank} waits at {where}{call}{src}{mark}")
+            for rank, code in h.exited.items():
+                lines.append(f"  rank {rank} had already exited (code {code})")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<RunResult {self.headline()}>"
+
+    def _repr_html_(self) -> str:
+        color = "#1a7f37" if self.ok else "#cf222e"
+        rows = "".join(
+            f"<tr><td>{r.rank}</td><td>{_badge(r.state)}</td>"
+            f"<td>{'' if r.exit_code is None else r.exit_code} {signal_name(r.exit_code)}</td>"
+            f"<td>{r.stdout_lines}</td><td>{r.stderr_lines}</td>"
+            f"<td>{'victim' if r.victim else ''}</td></tr>"
+            for r in self.ranks
+        )
+        parts = [
+            f"<div class='labutils-result'><b style='color:{color}'>"
+            f"{html.escape(self.headline())}</b>",
+            "<table><tr><th>rank</th><th>state</th><th>exit</th><th>stdout lines</th>"
+            f"<th>stderr lines</th><th></th></tr>{rows}</table>",
+        ]
+        if self.failure or self.hang:
+            detail = self.summary().split("\n", 1 + len(self.ranks))[-1]
+            parts.append(f"<pre>{html.escape(detail)}</pre>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+STATE_COLORS = {
+    "starting": "#6e7781", "running": "#0969da", "done": "#1a7f37",
+    "failed": "#cf222e", "hung": "#9a6700", "killed": "#8250df",
+}
+
+
+def _badge(state: str) -> str:
+    color = STATE_COLORS.get(state, "#6e7781")
+    return (f"<span style='background:{color};color:white;border-radius:8px;"
+            f"padding:0 6px'>{html.escape(state)}</span>")
+
+
+def _short_dir(path: Path) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return rel if not rel.startswith("..") else str(path)

@@ -1,0 +1,86 @@
+"""Where a run keeps its files, shared by the launcher and the worker bootstrap.
+
+A run folder looks like this::
+
+    runs/20261121-184501-train-3f2a/
+        command.txt          the torchrun command line, one argument per line
+        agent.log            torchrun's own output (kept out of the cells)
+        summary.json         the RunResult as JSON, written when the run ends
+        rank0/stdout.log     everything rank 0 wrote to fd 1, all attempts
+        rank0/stderr.log     everything rank 0 wrote to fd 2, all attempts
+        rank0/events.jsonl   start / progress / record / exception / exit events
+        rank0/stacks.txt     Python stacks dumped on request (hang reports)
+
+Events are JSON objects, one per line, written with a single write() so a
+reader never sees half of one. This module must stay import-light: the worker
+bootstrap imports it before the learner's script imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# Environment variables the launcher sets for the agent and therefore for every rank.
+ENV_RUN_DIR = "LABUTILS_RUN_DIR"
+ENV_SCRIPT = "LABUTILS_SCRIPT"
+ENV_AGENT_PID = "LABUTILS_AGENT_PID"
+ENV_PARENT_PID = "LABUTILS_PARENT_PID"
+ENV_RANK_OFFSET = "LABUTILS_RANK_OFFSET"
+
+STREAMS = ("stdout", "stderr")
+
+
+def rank_dir(run_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}"
+
+
+def stream_path(run_dir: str | os.PathLike, rank: int, stream: str) -> Path:
+    return rank_dir(run_dir, rank) / f"{stream}.log"
+
+
+def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "events.jsonl"
+
+
+def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    return rank_dir(run_dir, rank) / "stacks.txt"
+
+
+def encode_event(event: dict) -> bytes:
+    """One event as one line of JSON (no newline inside, newline at the end)."""
+    return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class EventWriter:
+    """Appends events to one rank's events.jsonl; safe to share between threads.
+
+    Each event is a single os.write() on an O_APPEND descriptor, so events from the
+    bootstrap's watcher thread and from report() never interleave.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, event: dict) -> None:
+        os.write(self._fd, encode_event(event))
+
+
+_writer: EventWriter | None = None
+_writer_key: tuple | None = None
+
+
+def event_writer() -> EventWriter | None:
+    """This process's event writer, or None when not running under the launcher."""
+    global _writer, _writer_key
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir:
+        return None
+    key = (run_dir, os.environ.get("RANK", "0"), os.getpid())
+    if _writer is None or _writer_key != key:
+        _writer = EventWriter(events_path(run_dir, int(key[1])))
+        _writer_key = key
+    return _writer

@@ -1,0 +1,128 @@
+"""Follow the run folder's files: complete lines per rank, bounded in memory.
+
+Each rank writes its own stdout.log and stderr.log (the worker bootstrap points
+fd 1 and fd 2 there), so ranks can never mix within a line. The launcher polls
+these files; a LineTail hands out complete lines only and keeps a trailing
+partial line until its newline arrives (or the run ends). RankOutput keeps the
+last ``keep`` lines of each stream in memory and counts the rest: the full text
+stays on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+
+from labutils import runfiles
+
+READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
+
+
+class LineTail:
+    """Complete lines appended to one file since the last read."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._fh = None
+        self._partial = b""
+        self.bytes_read = 0
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def _read_bytes(self, max_bytes: int) -> bytes:
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")  # noqa: SIM115 - kept open while following
+            except FileNotFoundError:
+                return b""
+        data = self._fh.read(max_bytes)
+        self.bytes_read += len(data)
+        return data
+
+    def _split(self, data: bytes) -> list[bytes]:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return lines
+
+    def read(self, max_bytes: int = READ_CHUNK) -> list[bytes]:
+        data = self._read_bytes(max_bytes)
+        return self._split(data) if data else []
+
+    def read_all(self) -> list[bytes]:
+        """Everything left, the final partial line included."""
+        lines: list[bytes] = []
+        while data := self._read_bytes(READ_CHUNK):
+            lines.extend(self._split(data))
+        if self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        return lines
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def decode(line: bytes) -> str:
+    """A log line as text; a carriage return keeps only what a terminal would show."""
+    text = line.decode("utf-8", errors="replace")
+    if "\r" in text:
+        text = text.rstrip("\r").rsplit("\r", 1)[-1]
+    return text
+
+
+class RankOutput:
+    """One rank's two streams: last ``keep`` lines of each in memory, counts of all."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int, *, keep: int = 1000) -> None:
+        self.rank = rank
+        self.paths = {s: runfiles.stream_path(run_dir, rank, s) for s in runfiles.STREAMS}
+        self._tails = {s: LineTail(p) for s, p in self.paths.items()}
+        self.tail = {s: deque(maxlen=keep) for s in runfiles.STREAMS}
+        self.combined = deque(maxlen=keep)  # (stream, line) in arrival order
+        self.counts = {s: 0 for s in runfiles.STREAMS}
+
+    def poll(self, *, final: bool = False) -> dict[str, list[str]]:
+        """New complete lines per stream (all remaining ones when final)."""
+        new = {}
+        for stream, tail in self._tails.items():
+            raw = tail.read_all() if final else tail.read()
+            if not raw:
+                continue
+            lines = [decode(b) for b in raw]
+            self.tail[stream].extend(lines)
+            self.combined.extend((stream, line) for line in lines[-self.combined.maxlen:])
+            self.counts[stream] += len(lines)
+            new[stream] = lines
+        return new
+
+    def close(self) -> None:
+        for tail in self._tails.values():
+            tail.close()
+
+
+class EventTail:
+    """Events of one rank as dicts, in the order the rank wrote them."""
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int) -> None:
+        self._tail = LineTail(runfiles.events_path(run_dir, rank))
+
+    def poll(self, *, final: bool = False) -> list[dict]:
+        raw = self._tail.read_all() if final else self._tail.read()
+        events = []
+        for line in raw:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line from a rank killed mid-write
+        return events
+
+    def close(self) -> None:
+        self._tail.close()

@@ -1,0 +1,183 @@
+"""Worker bootstrap: runs the learner's script, unchanged, inside one rank.
+
+torchrun starts ``python -m labutils.worker SCRIPT ARGS...`` once per rank. Before
+the script's first line runs, the bootstrap
+
+- arranges to be killed if the torchrun agent dies (no orphaned ranks);
+- sends fd 1 and fd 2 to rank<R>/stdout.log and stderr.log in the run folder, so
+  each rank's output is complete on disk and never mixed with another rank's,
+  C-level output (gloo, faulthandler) included;
+- registers a faulthandler dump on SIGUSR1, so the launcher can read every rank's
+  Python stack even while the rank is blocked inside a collective;
+- starts a progress watcher that writes a ``progress`` event whenever the main
+  thread moved (its stack changed or it used CPU), the signal the hang detector
+  reads;
+- runs the script as ``__main__`` and turns an uncaught exception into an
+  ``exception`` event (type, message, file:line, traceback without these
+  bootstrap frames), printing the same traceback to stderr as Python would.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from labutils import runfiles
+from labutils._proc import die_with_parent
+
+STACK_SIGNAL = signal.SIGUSR1
+PROGRESS_INTERVAL_S = 0.5
+# The main thread counts as progressing when it used at least this share of one core.
+_CPU_PROGRESS_SHARE = 0.05
+
+_keep_alive: list = []  # file objects faulthandler writes to must outlive main()
+
+
+def _redirect_fd(fd: int, path: os.PathLike) -> None:
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def _stack_signature(frame) -> tuple:
+    sig = []
+    while frame is not None and len(sig) < 64:
+        sig.append((id(frame.f_code), frame.f_lineno))
+        frame = frame.f_back
+    return tuple(sig)
+
+
+def _watch_progress(writer: runfiles.EventWriter, main_ident: int) -> None:
+    """Write a progress event each interval in which the main thread moved."""
+    try:
+        clock = time.pthread_getcpuclockid(main_ident)
+        cpu_now = lambda: time.clock_gettime(clock)  # noqa: E731
+    except (AttributeError, OSError):
+        cpu_now = lambda: 0.0  # noqa: E731 - stack changes alone then signal progress
+    last_sig, last_cpu = None, cpu_now()
+    while True:
+        time.sleep(PROGRESS_INTERVAL_S)
+        frame = sys._current_frames().get(main_ident)
+        if frame is None:
+            return
+        sig, cpu = _stack_signature(frame), cpu_now()
+        del frame
+        if sig != last_sig or cpu - last_cpu > _CPU_PROGRESS_SHARE * PROGRESS_INTERVAL_S:
+            writer.write({"kind": "progress", "t": time.time()})
+        last_sig, last_cpu = sig, cpu
+
+
+def _is_bootstrap_frame(filename: str) -> bool:
+    return filename in (__file__, runpy.__file__) or filename.endswith(
+        ("labutils/worker.py", "<frozen runpy>")
+    )
+
+
+def _is_library_file(filename: str) -> bool:
+    return (
+        "site-packages" in filename
+        or "dist-packages" in filename
+        or filename.startswith(("<", sys.base_prefix, sys.prefix))
+    )
+
+
+def describe_exception(exc: BaseException, script: str) -> dict:
+    """The facts of an uncaught exception, with the bootstrap's frames removed."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    frames = list(te.stack)
+    while frames and _is_bootstrap_frame(frames[0].filename):
+        frames.pop(0)
+    te.stack = traceback.StackSummary.from_list(frames)
+    script_abs = os.path.abspath(script)
+    where = next((f for f in reversed(frames) if os.path.abspath(f.filename) == script_abs), None)
+    where = where or next((f for f in reversed(frames) if not _is_library_file(f.filename)), None)
+    where = where or (frames[-1] if frames else None)
+    if isinstance(exc, SyntaxError) and where is None:
+        file, line = exc.filename, exc.lineno
+    else:
+        file, line = (where.filename, where.lineno) if where else (None, None)
+    return {
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "file": file,
+        "line": line,
+        "source": (where.line or "").strip() if where else "",
+        "traceback": "".join(te.format()),
+    }
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    agent = os.environ.get(runfiles.ENV_AGENT_PID)
+    die_with_parent(int(agent) if agent else None)
+    if not argv:
+        print("usage: python -m labutils.worker SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    script, script_args = argv[0], argv[1:]
+    run_dir = os.environ.get(runfiles.ENV_RUN_DIR)
+    rank = int(os.environ.get("RANK", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    writer = runfiles.event_writer()
+
+    if run_dir:
+        runfiles.rank_dir(run_dir, rank).mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush(), sys.stderr.flush()
+        _redirect_fd(1, runfiles.stream_path(run_dir, rank, "stdout"))
+        _redirect_fd(2, runfiles.stream_path(run_dir, rank, "stderr"))
+        sys.stdout.reconfigure(line_buffering=True)
+        stacks = open(runfiles.stacks_path(run_dir, rank), "a")  # noqa: SIM115 - must stay open
+        _keep_alive.append(stacks)
+        faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+    main_ident = threading.main_thread().ident
+    if writer is not None:
+        writer.write({
+            "kind": "start", "t": time.time(), "pid": os.getpid(), "main_tid": main_ident,
+            "restart": restart, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "host": os.uname().nodename,
+        })
+        threading.Thread(
+            target=_watch_progress, args=(writer, main_ident), name="labutils-progress",
+            daemon=True,
+        ).start()
+
+    sys.argv = [script, *script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - report every way the script can die
+        info = describe_exception(exc, script)
+        if writer is not None:
+            writer.write({"kind": "exception", "t": time.time(), "restart": restart, **info})
+        sys.stderr.write(info["traceback"])
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if writer is not None:
+            writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart})
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
