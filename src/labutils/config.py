@@ -29,6 +29,7 @@ class LaunchSpec:
     max_restarts: int = 0
     nnodes: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    fault: dict | None = None  # {"rank": R, "step": S}: SIGKILL rank R when it reports step S
 
     @property
     def world_size(self) -> int:
@@ -71,6 +72,39 @@ def check_script(script: str | os.PathLike) -> Path:
     return path.resolve()
 
 
+def check_fault(fault, world_size: int, max_restarts: int) -> dict | None:
+    """A fault-injection request as {"rank": R, "step": S}, resolving a random step.
+
+    Accepts {"rank": R, "step": S} or {"rank": R, "step": (lo, hi), "seed": k}: a step
+    drawn from lo..hi (inclusive) with that seed, so the run can be repeated.
+    """
+    if fault is None:
+        return None
+    fix = 'pass fault={"rank": 1, "step": 5} or {"rank": 1, "step": (3, 8), "seed": 0}'
+    if not isinstance(fault, dict) or set(fault) - {"rank", "step", "seed"} or \
+            "rank" not in fault or "step" not in fault:
+        raise LaunchConfigError("fault", expected="a dict with 'rank' and 'step'", given=fault,
+                                fix=fix)
+    rank, step = fault["rank"], fault["step"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise LaunchConfigError("fault rank", expected=f"a rank in 0..{world_size - 1}",
+                                given=rank, fix=fix)
+    if isinstance(step, (tuple, list)) and len(step) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in step) and 0 <= step[0] <= step[1]:
+        import random
+
+        step = random.Random(fault.get("seed", 0)).randint(step[0], step[1])
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise LaunchConfigError("fault step", expected="a step >= 0 or a (low, high) range",
+                                given=fault["step"], fix=fix)
+    if max_restarts < 1:
+        raise LaunchConfigError(
+            "fault", expected="max_restarts >= 1 so the run can recover", given="max_restarts=0",
+            fix="pass max_restarts=1 (or more) together with fault=...",
+        )
+    return {"rank": rank, "step": step}
+
+
 def gpu_count() -> int:
     """GPUs torch can see (imports torch: only called when nccl is asked for)."""
     import torch
@@ -88,6 +122,7 @@ def make_spec(
     timeout: float | None = None,
     max_restarts: int = 0,
     env: dict[str, str] | None = None,
+    fault: dict | None = None,
 ) -> LaunchSpec:
     """Check every input; raise LaunchConfigError with a one-line fix on the first bad one."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
@@ -120,6 +155,7 @@ def make_spec(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise LaunchConfigError("env", expected="a dict of str to str", given=env,
                                 fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
+    checked_fault = check_fault(fault, nproc, max_restarts)
     path = check_script(script)
     if backend == "nccl":
         gpus = gpu_count()
@@ -131,7 +167,7 @@ def make_spec(
             )
     return LaunchSpec(script=path, nproc=nproc, args=arg_list, backend=backend,
                       hang_timeout=hang or None, timeout=wall, max_restarts=max_restarts,
-                      env=dict(env or {}))
+                      env=dict(env or {}), fault=checked_fault)
 
 
 def new_run_dir(script: Path, log_dir: str | os.PathLike | None) -> Path:

@@ -131,6 +131,26 @@ def report(**values: Any) -> None:
         builtins.print(f"[report rank {rank()}] {shown}", flush=True)
         return
     writer.write({"kind": "record", "t": time.time(), "rank": rank(), "values": plain})
+    _maybe_inject_fault(plain.get("step"))
+
+
+def _maybe_inject_fault(step: Any) -> None:
+    """Fault injection for launch(fault=...): SIGKILL this rank at the chosen step.
+
+    Only in the first attempt, so the restarted run can get past that step. The kill
+    happens inside report(), right after the record is written: exactly at that step.
+    """
+    spec = os.environ.get(runfiles.ENV_FAULT)
+    if not spec or step is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    fault_rank, fault_step = (int(v) for v in spec.split(":"))
+    if rank() == fault_rank and step == fault_step:
+        import signal
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:

@@ -86,6 +86,8 @@ class Launch:
         # Re-initialising gloo through the agent's shared store after a restart fails
         # intermittently; a store per round does not (CURRICULUM.md, lesson 05).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if spec.fault:
+            env[runfiles.ENV_FAULT] = f"{spec.fault['rank']}:{spec.fault['step']}"
         if spec.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
         self.t0 = time.monotonic()
@@ -226,7 +228,10 @@ class Launch:
             if r.exit_code is None and r.pid and not pid_alive(r.pid):
                 codes[r.rank] = -signal.SIGKILL if r.attempt == self.attempt else None
         failure = self._failure_of(self.attempt, codes)
-        self.attempts.append(_attempt_entry(self.attempt, failure, codes))
+        entry = _attempt_entry(self.attempt, failure, codes)
+        if self.spec.fault and self.attempt == 0:
+            entry["injected"] = dict(self.spec.fault)
+        self.attempts.append(entry)
 
     def _diagnose_hang(self, silent: float) -> None:
         alive = [r for r in self.ranks if self._alive(r)]
@@ -352,6 +357,7 @@ def launch(
     log_dir: str | os.PathLike | None = None,
     display: str | Display = "auto",
     env: dict[str, str] | None = None,
+    fault: dict | None = None,
 ) -> RunResult:
     """Run ``script`` on ``nproc`` ranks with torchrun and return what happened.
 
@@ -372,13 +378,16 @@ def launch(
         log_dir: folder for run folders (default $LABUTILS_RUNS_DIR or ./runs).
         display: "auto", "widgets", "text", "terminal", "none" or a Display.
         env: extra environment variables for the ranks.
+        fault: fault injection, {"rank": R, "step": S} or {"rank": R, "step": (lo, hi),
+            "seed": k}: rank R is SIGKILLed when it calls report(step=S) in the first
+            attempt; needs max_restarts >= 1. The restart history is in result.attempts.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the
         summary and re-raises KeyboardInterrupt; last_result() still has the result.
     """
     spec = make_spec(script, nproc, args=args, backend=backend, hang_timeout=hang_timeout,
-                     timeout=timeout, max_restarts=max_restarts, env=env)
+                     timeout=timeout, max_restarts=max_restarts, env=env, fault=fault)
     if not isinstance(display, Display):
         display = make_display(display)
     run_dir = new_run_dir(spec.script, log_dir)
