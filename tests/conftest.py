@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,32 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Every process this test session starts inherits this token, so the leak check
+# sees only our own processes, even on a machine where other runs are going on.
+SESSION_TOKEN = f"LABUTILS_TEST_SESSION={uuid.uuid4().hex}"
+os.environ["LABUTILS_TEST_SESSION"] = SESSION_TOKEN.split("=", 1)[1]
+
+
+def _ours(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return SESSION_TOKEN.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def distributed_pids() -> list[str]:
     """Processes of ours that must not outlive a test: torchrun agents and ranks."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [
-        line.strip() for line in out.splitlines()
-        if ("labutils._agent" in line or "labutils.worker" in line
-            or "torch.distributed.run" in line) and "ps -eo" not in line
-    ]
+    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        if not ("labutils._agent" in line or "labutils.worker" in line
+                or "torch.distributed.run" in line) or "ps -eo" in line:
+            continue
+        pid, stat = line.split()[:2]
+        if not stat.startswith("Z") and _ours(pid):
+            found.append(line.strip())
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,136 @@
+"""Root cause and victims; stacks, waiting lines and stragglers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from labutils.diagnosis import analyse_hang, find_failure, looks_like_victim, parse_faulthandler
+
+GLOO_PEER_GONE = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:28037")
+
+
+def _exc(t, exc_type="ValueError", message="bad shape", line=8):
+    return {"t": t, "exc_type": exc_type, "message": message, "file": "train.py", "line": line,
+            "traceback": "Traceback ...", "source": "raise ValueError()"}
+
+
+def test_root_cause_is_the_earliest_non_victim_exception():
+    exceptions = {
+        1: _exc(10.2, "RuntimeError", GLOO_PEER_GONE, 9),
+        2: _exc(10.5),  # later than rank 1's, but rank 1 only lost its peer
+        3: _exc(10.3, "RuntimeError", GLOO_PEER_GONE, 9),
+    }
+    failure = find_failure(exceptions, {0: -15, 1: 1, 2: 1, 3: 1}, [0, 1, 2, 3])
+    assert (failure.rank, failure.exc_type, failure.line) == (2, "ValueError", 8)
+    assert failure.victims == [0, 1, 3]
+    rank, exc_type, message, file, line, tb = failure  # the DESIGN.md tuple
+    assert (rank, file) == (2, "train.py")
+
+
+def test_sigkill_without_exception_is_a_root_cause_sigterm_is_not():
+    exceptions = {0: _exc(5.0, "RuntimeError", "Connection reset by peer", 12)}
+    failure = find_failure(exceptions, {0: 1, 1: -9, 2: -15}, [0, 1, 2])
+    assert failure.rank == 1 and failure.exc_type == "SIGKILL"
+    assert failure.victims == [0, 2]
+
+
+def test_crash_after_the_script_finished_says_so():
+    failure = find_failure({}, {0: -15, 1: -6}, [0, 1], finished={1},
+                           stderr_tails={1: "terminate called without an active exception"})
+    assert failure.rank == 1 and failure.exc_type == "SIGABRT"
+    assert "destroy_process_group" in failure.message
+    assert "terminate called" in failure.traceback
+
+
+def test_non_zero_exit_without_exception():
+    failure = find_failure({}, {0: 0, 1: 3}, [1])
+    assert (failure.rank, failure.exc_type, failure.message) == (1, "SystemExit", "exit code 3")
+
+
+@pytest.mark.parametrize(("message", "victim"), [
+    (GLOO_PEER_GONE, True),
+    ("Connection reset by peer", True),
+    ("NCCL communicator was aborted on rank 1", True),
+    ("mat1 and mat2 shapes cannot be multiplied", False),
+    ("Expected to have finished reduction in the prior iteration", False),
+])
+def test_victim_messages(message, victim):
+    assert looks_like_victim(message) is victim
+
+
+def _real_dump(tmp_path, body: str) -> tuple[str, int]:
+    """Run a script that blocks in ``body``, dump its stacks with faulthandler, return text."""
+    script = tmp_path / "sleeper.py"
+    out = tmp_path / "stacks.txt"
+    script.write_text(
+        "import faulthandler, signal, threading, time, sys\n"
+        f"f = open({str(out)!r}, 'a')\n"
+        "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print(threading.main_thread().ident, flush=True)\n"
+        "def wait_here():\n"
+        f"    {body}\n"
+        "wait_here()\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        main_tid = int(proc.stdout.readline())
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGUSR1)
+        for _ in range(50):
+            if out.exists() and "wait_here" in out.read_text():
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    return out.read_text(), main_tid, str(script)
+
+
+def test_parse_real_faulthandler_dump_picks_the_main_thread(tmp_path):
+    text, main_tid, script = _real_dump(tmp_path, "time.sleep(60)")
+    frames = parse_faulthandler(text, main_tid)
+    assert [f.func for f in frames][:2] == ["wait_here", "<module>"]
+    assert frames[0].line == 7 and frames[0].file == script
+
+
+def test_straggler_is_the_rank_outside_the_collective(tmp_path):
+    c10d = "/x/site-packages/torch/distributed/distributed_c10d.py"
+    waiting = ('Current thread 0x0000000000000001 (most recent call first):\n'
+               f'  File "{c10d}", line 3252 in all_reduce\n'
+               '  File "/x/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
+               f'  File "{tmp_path}/train.py", line 10 in <module>\n')
+    sleeping = ('Current thread 0x0000000000000001 (most recent call first):\n'
+                f'  File "{tmp_path}/train.py", line 9 in <module>\n')
+    dumps = {0: waiting, 1: sleeping, 2: waiting, 3: waiting}
+    hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"), silent_s=3)
+    stacks, where, stragglers = hang
+    assert stragglers == [1]
+    assert where[0].endswith("train.py:10") and where[1].endswith("train.py:9")
+    assert hang.calls[0] == "all_reduce" and hang.calls[1] == ""
+    assert "rank 1 has not reached" in hang.explanation
+
+
+@pytest.mark.parametrize(("lines", "exited", "stragglers", "phrase"), [
+    ({0: 5, 1: 5, 2: 5}, {}, [], "every rank waits at"),
+    ({0: 5, 1: 7, 2: 5}, {}, [1], "somewhere else"),
+    ({0: 5, 1: 7}, {}, [], "do not match"),
+    ({0: 5, 1: 5}, {2: 0}, [], "already left the run"),
+])
+def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, stragglers, phrase):
+    c10d = "/x/site-packages/torch/distributed/distributed_c10d.py"
+    dumps = {
+        r: ('Thread 0x0000000000000001 (most recent call first):\n'
+            f'  File "{c10d}", line 1 in barrier\n'
+            f'  File "{tmp_path}/train.py", line {ln} in <module>\n')
+        for r, ln in lines.items()
+    }
+    hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"), exited=exited)
+    assert hang.stragglers == stragglers
+    assert phrase in hang.explanation
