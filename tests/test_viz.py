@@ -82,7 +82,7 @@ def test_bandwidth_plot_single_size():
     [
         ({}, {}, "series: expected a dict"),
         ([([8], [1.0])], {}, "series: expected a dict"),
-        ({"a": [8, 16]}, {}, "expected equally long, non-empty sizes and times"),
+        ({"a": [8, 16]}, {}, "expected a pair"),
         ({"a": ([8, 16], [1.0])}, {}, "2 sizes, 1 times"),
         ({"a": ([], [])}, {}, "non-empty"),
         ({"a": ([8], [1.0], [2])}, {}, "a pair"),

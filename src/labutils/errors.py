@@ -50,3 +50,17 @@ class RecordError(LabutilsError, TypeError):
             f"tensor or a list/dict of those, got {type(value).__name__}; "
             f"convert it first, e.g. report({name}=float(x))"
         )
+
+
+class InputError(LabutilsError, ValueError):
+    """A helper (timing, plots) was given a value it cannot use.
+
+    Formats like LaunchConfigError: what was expected, what was given, how to fix it.
+    """
+
+    def __init__(self, what: str, *, expected: str, given: object, fix: str) -> None:
+        self.what = what
+        self.expected = expected
+        self.given = given
+        self.fix = fix
+        super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
