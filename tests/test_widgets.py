@@ -198,9 +198,11 @@ def is_stop_button(msg) -> bool:
             and state.get("description") == "Stop")
 
 
-def shows_running(msg) -> bool:
-    state = msg["content"].get("data", {}).get("state", {})
-    return msg["msg_type"] == "comm_msg" and ">running<" in str(state.get("value", ""))
+def widget_update_with(text: str):
+    def found(msg) -> bool:
+        state = msg["content"].get("data", {}).get("state", {})
+        return msg["msg_type"] == "comm_msg" and text in str(state.get("value", ""))
+    return found
 
 
 @pytest.mark.slow
@@ -209,8 +211,8 @@ def test_stop_button_stops_the_run_while_the_cell_is_busy(kernel, write_script):
     script = write_script("long.py", LONG_SCRIPT)
     msg_id = kernel.execute(CELL.format(script=str(script)))
     stop = iopub_until(kernel, is_stop_button, timeout=60)
-    iopub_until(kernel, shows_running, timeout=60)
-    time.sleep(0.5)  # the ranks print for real before the click
+    iopub_until(kernel, widget_update_with(">running<"), timeout=60)
+    iopub_until(kernel, widget_update_with("step 3\n"), timeout=30)  # live lines, cell busy
 
     click = kernel.session.msg("comm_msg", {
         "comm_id": stop["content"]["comm_id"],

@@ -1,0 +1,134 @@
+"""%%torchrun: run the cell itself on N ranks, a thin wrapper over launch().
+
+    %load_ext labutils
+
+    %%torchrun -n 4 --hang-timeout 10 --out run -- --epochs 2
+    from labutils.dist import init, report
+    rank, world_size, device = init()
+    report(rank=rank)
+
+The cell becomes a script, <runs>/cells/cell-<hash of the cell>.py, which stays
+there as part of the run's record (the run's command.txt names it; the same cell
+always maps to the same file). Its ranks start in the notebook's folder with that
+folder on PYTHONPATH, so the cell opens files and imports modules as the notebook
+would. The RunResult lands in the user namespace under --out (default
+``_torchrun``), also when the run is stopped or interrupted. Bad options are a
+one-line UsageError and no rank starts.
+
+All the work is in run_cell(), which tests call directly; the magic only hands
+it the line, the cell and the user namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import os
+import shlex
+from pathlib import Path
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from labutils.config import BACKENDS, ENV_RUNS_DIR
+from labutils.display import DISPLAY_MODES
+from labutils.errors import LaunchConfigError
+from labutils.launcher import last_result, launch
+from labutils.result import RunResult
+
+DEFAULT_OUT = "_torchrun"
+
+
+@magics_class
+class TorchrunMagics(Magics):
+    """The %%torchrun cell magic."""
+
+    @magic_arguments()
+    @argument("-n", "--nproc", type=int, default=2, help="ranks on this machine (default 2)")
+    @argument("--hang-timeout", type=float, default=30.0,
+              help="seconds without progress before a hang is reported (0: never; default 30)")
+    @argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
+    @argument("--max-restarts", type=int, default=0, help="torchrun restarts after a failure")
+    @argument("--backend", default="auto", choices=BACKENDS, help="default auto")
+    @argument("--out", default=DEFAULT_OUT,
+              help=f"variable that receives the RunResult (default {DEFAULT_OUT})")
+    @argument("--display", default="auto", choices=DISPLAY_MODES,
+              help="live panes, [rank N] text, or nothing (default auto)")
+    @argument("--log-dir", default=None, help="where run folders go (default ./runs)")
+    @cell_magic
+    def torchrun(self, line: str, cell: str) -> None:
+        """Run this cell as a script on N ranks with torchrun (labutils.launch).
+
+        Arguments for the script go after --:  %%torchrun -n 4 -- --epochs 2
+        """
+        run_cell(line, cell, namespace=self.shell.user_ns)
+
+
+def parse_line(line: str):
+    """The magic's options (argparse.Namespace, script arguments in ``.args``).
+
+    Raises UsageError, with one line saying what is wrong, for anything bad.
+    """
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%%torchrun: cannot split the options ({exc}): {line}") from None
+    cut = tokens.index("--") if "--" in tokens else len(tokens)
+    opts = TorchrunMagics.torchrun.parser.parse_args(tokens[:cut])
+    opts.args = tokens[cut + 1:]
+    if not opts.out.isidentifier() or keyword.iskeyword(opts.out):
+        raise UsageError(f"%%torchrun: --out expects a Python variable name, got {opts.out!r}")
+    return opts
+
+
+def cell_script(cell: str, *, log_dir: str | os.PathLike | None = None) -> Path:
+    """Write the cell to <runs>/cells/cell-<hash>.py (kept with the runs) and return the path."""
+    root = Path(log_dir or os.environ.get(ENV_RUNS_DIR) or "runs")
+    digest = hashlib.sha256(cell.encode()).hexdigest()[:12]
+    path = (root / "cells" / f"cell-{digest}.py").resolve()
+    if not path.exists():  # same name, same text: an existing file is already right
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(cell)
+        os.replace(tmp, path)  # a rank never reads a half-written cell
+    return path
+
+
+def run_cell(line: str, cell: str, *, namespace: dict) -> RunResult:
+    """What %%torchrun does: parse ``line``, run ``cell`` on N ranks, store the result.
+
+    Args:
+        line: the magic's options, e.g. "-n 4 --out run -- --epochs 2".
+        cell: the cell's source, run unchanged in every rank.
+        namespace: where the RunResult is stored under --out (the user namespace).
+
+    Returns:
+        The RunResult (also in ``namespace``). A stop or interrupt re-raises
+        KeyboardInterrupt after storing the result; bad options raise UsageError.
+    """
+    opts = parse_line(line)
+    script = cell_script(cell, log_dir=opts.log_dir)
+    cwd = os.getcwd()
+    path = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+    before = last_result()
+    try:
+        result = launch(
+            script, opts.nproc, args=opts.args, backend=opts.backend,
+            hang_timeout=opts.hang_timeout or None, timeout=opts.timeout,
+            max_restarts=opts.max_restarts, log_dir=opts.log_dir, display=opts.display,
+            env={"PYTHONPATH": path},
+        )
+    except LaunchConfigError as exc:
+        raise UsageError(f"%%torchrun: {exc}") from None
+    except KeyboardInterrupt:
+        if last_result() is not before:  # the run started and was stopped: keep what it did
+            namespace[opts.out] = last_result()
+        raise
+    namespace[opts.out] = result
+    return result
+
+
+def register(ipython) -> None:
+    """Add %%torchrun to an IPython shell (what %load_ext labutils calls)."""
+    ipython.register_magics(TorchrunMagics)
