@@ -15,6 +15,7 @@ from labutils import widgets as lw
 from labutils._proc import pid_alive
 from labutils.errors import LaunchConfigError
 from labutils.result import RankResult, RunResult
+from conftest import iopub_until
 
 
 @pytest.fixture
@@ -152,44 +153,6 @@ result = launch({script!r}, nproc=2, display="widgets", hang_timeout=None)
 print("RESULT " + json.dumps({{"reason": result.reason, "pids": [r.pid for r in result.ranks],
                               "states": [r.state for r in result.ranks]}}))
 """
-
-
-@pytest.fixture
-def kernel(tmp_path, runs_dir):
-    """A real ipykernel (this Python) started with jupyter_client, and its client."""
-    from jupyter_client import KernelManager
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    spec_dir = tmp_path / "kernels" / "labutils-test"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "labutils test", "language": "python",
-    }))
-    km = KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
-                       kernel_name="labutils-test")
-    km.start_kernel(cwd=str(tmp_path), env={**os.environ, "LABUTILS_RUNS_DIR": str(runs_dir)})
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-
-
-def iopub_until(kc, found, *, timeout: float):
-    """Read iopub messages until found(msg) is true; return that message."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception:  # queue.Empty
-            continue
-        if found(msg):
-            return msg
-    raise AssertionError(f"nothing matched on iopub within {timeout} s")
 
 
 def is_stop_button(msg) -> bool:

@@ -170,9 +170,14 @@ def make_spec(
                       env=dict(env or {}), fault=checked_fault)
 
 
+def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
+    """Where run folders go: log_dir, else $LABUTILS_RUNS_DIR, else ./runs."""
+    return Path(log_dir or os.environ.get(ENV_RUNS_DIR) or "runs")
+
+
 def new_run_dir(script: Path, log_dir: str | os.PathLike | None) -> Path:
-    """A fresh run folder: <log_dir or $LABUTILS_RUNS_DIR or ./runs>/<time>-<script>-<id>."""
-    root = Path(log_dir or os.environ.get(ENV_RUNS_DIR) or "runs")
+    """A fresh run folder: <runs_root(log_dir)>/<time>-<script>-<id>."""
+    root = runs_root(log_dir)
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-{uuid.uuid4().hex[:6]}"
     run_dir = (root / name).resolve()
     run_dir.mkdir(parents=True, exist_ok=False)

@@ -31,7 +31,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from labutils.config import BACKENDS, ENV_RUNS_DIR
+from labutils.config import BACKENDS, runs_root
 from labutils.display import DISPLAY_MODES
 from labutils.errors import LaunchConfigError
 from labutils.launcher import last_result, launch
@@ -84,7 +84,7 @@ def parse_line(line: str):
 
 def cell_script(cell: str, *, log_dir: str | os.PathLike | None = None) -> Path:
     """Write the cell to <runs>/cells/cell-<hash>.py (kept with the runs) and return the path."""
-    root = Path(log_dir or os.environ.get(ENV_RUNS_DIR) or "runs")
+    root = runs_root(log_dir)
     digest = hashlib.sha256(cell.encode()).hexdigest()[:12]
     path = (root / "cells" / f"cell-{digest}.py").resolve()
     if not path.exists():  # same name, same text: an existing file is already right
