@@ -1,9 +1,10 @@
 """Showing a run while it goes: the Display interface and the plain-text display.
 
 The launcher calls a Display from the thread that called launch(): start() once,
-lines() as complete lines arrive, state() on state changes, tick() a few times a
-second, finish() with the RunResult. A display may set ``stop_requested`` (the
-widget display's Stop button does) and the launcher stops the run.
+lines() as complete lines arrive, record() with each labutils.dist.report(...),
+state() on state changes, tick() a few times a second, finish() with the RunResult.
+A display may set ``stop_requested`` (the widget display's Stop button does) and
+the launcher stops the run.
 
 Plain text is used wherever no widget frontend is there to render panes:
 papermill, nbval, ``jupyter nbconvert --execute``, a terminal. Each line is
@@ -36,6 +37,9 @@ class Display:
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
         """New complete lines of one rank's stream, in order."""
+
+    def record(self, rank: int, values: dict) -> None:
+        """A rank called labutils.dist.report(**values) (step and total drive progress bars)."""
 
     def state(self, rank: int, state: str) -> None:
         """A rank changed state (starting, running, done, failed, hung, killed)."""

@@ -203,6 +203,7 @@ class Launch:
             self._set_state(r, "running")
         elif kind == "record":
             self.records.append({"rank": r.rank, **ev.get("values", {})})
+            self.display.record(r.rank, ev.get("values", {}))
         elif kind == "exception":
             r.exceptions[int(ev.get("restart", 0))] = ev
             self._set_state(r, "failed")
