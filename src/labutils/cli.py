@@ -1,4 +1,4 @@
-"""The `labutils` command: launch, doctor (and grade, once labs exist)."""
+"""The `labutils` command: launch, doctor, grade."""
 
 from __future__ import annotations
 
@@ -63,12 +63,47 @@ def _cmd_doctor(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _grade_parser(sub) -> None:
+    p = sub.add_parser(
+        "grade", help="grade submissions of a lab: run each notebook, then the checks",
+        description="Grade SUBMISSIONs (notebooks, or folders with one) of the lab in LAB: "
+        "run each notebook with papermill in a sandbox, then the lab's checks on the "
+        "submitted scripts in a separate process. Writes DIR/<name>/results.json "
+        "(Gradescope format), DIR/<name>/feedback.html and DIR/grades.csv. Exit status: 0 "
+        "when grading worked, whatever the scores; 1 when the grader failed on a "
+        "submission; 2 for a usage error.",
+    )
+    p.add_argument("lab", help="the lab folder (lab.json, notebook, scripts, checks.py)")
+    p.add_argument("submissions", nargs="+", metavar="SUBMISSION",
+                   help="a submitted notebook (its folder holds the scripts) or a folder")
+    p.add_argument("--out", default="grades", help="where results go (default ./grades)")
+    p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds for each whole notebook (default: the lab's, else 300)")
+    p.add_argument("--no-isolation", dest="isolate", action="store_false",
+                   help="no namespaces, only resource limits (for debugging the grader)")
+
+
+def _cmd_grade(ns: argparse.Namespace) -> int:
+    from labutils.grading.batch import GradingError, grade
+
+    try:
+        results = grade(ns.lab, ns.submissions, out_dir=ns.out, jobs=ns.jobs,
+                        timeout=ns.timeout, isolate=ns.isolate)
+    except GradingError as exc:
+        print(f"labutils grade: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"results in {ns.out}/ (grades.csv, and per submission results.json, feedback.html)")
+    return 1 if any(r.get("grader_error") for r in results) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="labutils", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _launch_parser(sub)
     d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
+    _grade_parser(sub)
     return parser
 
 
@@ -86,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_launch(ns)
         if ns.command == "doctor":
             return _cmd_doctor(ns)
+        if ns.command == "grade":
+            return _cmd_grade(ns)
     except LaunchConfigError as exc:
         print(f"labutils {ns.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,58 @@
+"""Checks for lab 04: gradient accumulation with DDP.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+"""
+
+from labutils.grading import check
+
+ACCUM = 4
+GLOBAL_BATCH = 24  # world size x accum x batch size, the same in every run below
+RUNS = {2: 3, 3: 2}  # world size -> batch size per rank
+
+
+def _run(c, nproc):
+    return c.run("train.py", nproc, args=["--accum", ACCUM, "--batch-size", RUNS[nproc]],
+                 measure=["weights", "allreduce"])
+
+
+def _reference(c):
+    return c.run("train.py", 1, args=["--accum", 1, "--batch-size", GLOBAL_BATCH],
+                 measure=["weights"])
+
+
+@check("One gradient all-reduce per optimizer step, not one per micro-batch", points=3)
+def one_allreduce_per_step(c):
+    for nproc in RUNS:
+        run = _run(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        counts = run.probe("allreduce").get(0, {}).get("per_step", [])
+        c.expect(bool(counts) and all(n == 1 for n in counts),
+                 f"{nproc} ranks, {ACCUM} micro-batches per step",
+                 measured=f"all-reduces per optimizer step: {counts}",
+                 expected=f"1 per step (DDP's gradients fit one bucket); {ACCUM} means every "
+                          "micro-batch synchronised")
+
+
+@check("The weights equal one process taking the whole batch at once", points=4)
+def equals_big_batch(c):
+    reference = _reference(c)
+    if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH}, no accumulation (the reference)"):
+        return
+    expected = reference.probe("weights")[0]["values"]
+    for nproc, batch in RUNS.items():
+        run = _run(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        values = run.probe("weights")[0]["values"]
+        diff = max(abs(a - b) for a, b in zip(values, expected))
+        c.expect(diff <= 1e-5, f"{nproc} ranks x {ACCUM} micro-batches of {batch} = 1 rank x {GLOBAL_BATCH}",
+                 measured=f"largest weight difference {diff:.2e}", expected="at most 1e-5")
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

@@ -1,0 +1,1 @@
+../../labs/01_data_sharding/checks.py

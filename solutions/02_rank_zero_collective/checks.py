@@ -1,0 +1,1 @@
+../../labs/02_rank_zero_collective/checks.py

@@ -1,0 +1,1 @@
+../../labs/03_unused_parameters/checks.py

@@ -1,0 +1,1 @@
+../../labs/04_gradient_accumulation/checks.py

@@ -1,0 +1,1 @@
+../../labs/05_ring_allreduce/ring_test.py

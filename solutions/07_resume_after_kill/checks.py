@@ -1,0 +1,1 @@
+../../labs/07_resume_after_kill/checks.py

@@ -1,0 +1,20 @@
+"""Grading: run a learner's notebook in a sandbox, then check their scripts for real.
+
+Public API::
+
+    from labutils.grading import check          # in a lab's checks.py
+    from labutils.grading import run_checks     # a learner checks their own work
+    from labutils.grading import grade          # what `labutils grade` calls
+
+Modules, one concern each: checks (the @check framework), probe (measurements
+inside ranks), runner (checks in their own process), notebook (locked cells,
+parameters), execute (papermill with a whole-notebook deadline and an output cap),
+sandbox (namespaces and limits), procs (process trees), supervisor (one
+submission, start to end), report (results.json, feedback page, grades.csv),
+batch (many submissions in parallel).
+"""
+
+from labutils.grading.checks import Checker, CheckResult, Part, check
+from labutils.grading.runner import run_checks
+
+__all__ = ["check", "Checker", "CheckResult", "Part", "run_checks"]

@@ -1,0 +1,290 @@
+"""grade(): many submissions of one lab, in parallel, each in its own supervisor.
+
+The lab is read once, before any submission runs: its files are kept in memory and
+handed to every supervisor, so nothing a submission writes can change what the
+next one is graded against. Each submission is graded by its own supervisor process
+(supervisor.py) in its own session; a thread per job slot waits for it under a
+hard deadline and ends every process it left. Results are written atomically as
+each submission finishes, and all of them once more at the end, from memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from labutils.errors import LabutilsError
+from labutils.grading import procs, report
+
+LAB_CONFIG = "lab.json"
+DEFAULT_LIMITS = {
+    "memory_bytes": 4 << 30,        # address space per process (RLIMIT_AS)
+    "tree_memory_bytes": 4 << 30,   # resident memory of every process of the submission
+    "processes": 64,                # processes of the submission at once
+    "file_bytes": 256 << 20,        # largest file a process may write (RLIMIT_FSIZE)
+    "disk_bytes": 1 << 30,          # everything written in the working copy
+    "output_bytes": 2 << 20,        # notebook output kept
+}
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_CHECKS_TIMEOUT_S = 300.0
+SUPERVISOR_SLACK_S = 120.0
+MAX_LAB_BYTES = 20 << 20
+_SKIP = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
+
+
+class GradingError(LabutilsError, ValueError):
+    """The grader cannot start: a lab folder or a submission path is not usable."""
+
+
+@dataclass
+class Lab:
+    """A lab as the grader holds it: its folder, its lab.json, its files, its checks."""
+
+    folder: Path
+    config: dict
+    files: dict[str, bytes]
+    checks: list[dict]
+
+    @property
+    def title(self) -> str:
+        return self.config.get("title", self.folder.name)
+
+    @property
+    def pass_mark(self) -> float:
+        return float(self.config.get("pass_mark", 0.6))
+
+
+def lab_files(folder: Path) -> dict[str, bytes]:
+    """Every file of a lab folder (no run folders, caches or hidden files)."""
+    files, total = {}, 0
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(part in _SKIP or part.startswith(".") for part in rel.parts) or not path.is_file():
+            continue
+        data = path.read_bytes()
+        total += len(data)
+        if total > MAX_LAB_BYTES:
+            raise GradingError(f"lab {folder}: more than {MAX_LAB_BYTES >> 20} MB of files; "
+                               "keep data out of the lab folder")
+        files[rel.as_posix()] = data
+    return files
+
+
+def load_lab(folder: str | os.PathLike) -> Lab:
+    """Read and check a lab folder: lab.json, its notebook, the files learners edit, checks.py."""
+    folder = Path(folder).resolve()
+    config_path = folder / LAB_CONFIG
+    if not config_path.is_file():
+        raise GradingError(f"{folder} is not a lab: expected {LAB_CONFIG} there "
+                           "(see labs/01_data_sharding for an example)")
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise GradingError(f"{config_path}: not valid JSON ({exc})") from None
+    files = lab_files(folder)
+    needed = [config.get("notebook", "<notebook>"), *config.get("edit", []), "checks.py"]
+    missing = [name for name in needed if name not in files]
+    if missing or not isinstance(config.get("edit"), list):
+        raise GradingError(f"lab {folder.name}: {LAB_CONFIG} must name the notebook and the "
+                           f"files learners edit ('edit': [...]), all in the folder, next to "
+                           f"checks.py; missing: {missing or ['edit']}")
+    from labutils.grading.checks import collect_checks
+    from labutils.grading.runner import load_checks
+
+    saved = list(sys.path)
+    try:
+        module = load_checks(folder)
+        checks = [{"name": fn.__labutils_check__.name, "points": fn.__labutils_check__.points}
+                  for fn in collect_checks(module)]
+    except Exception as exc:  # noqa: BLE001 - a broken checks.py is the lab's problem
+        raise GradingError(f"lab {folder.name}: checks.py does not load: "
+                           f"{type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path[:] = saved
+    if not checks:
+        raise GradingError(f"lab {folder.name}: checks.py declares no @check function")
+    return Lab(folder=folder, config=config, files=files, checks=checks)
+
+
+def submission_names(paths: list[Path]) -> list[str]:
+    """A short, unique, file-system-safe name per submission (its folder's name if unique)."""
+    def clean(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "submission"
+
+    folders = [p.parent if p.suffix == ".ipynb" else p for p in paths]
+    names = [clean(f.name) for f in folders]
+    clash = [names.count(n) > 1 for n in names]
+    names = [clean(f"{f.parent.name}-{f.name}") if c else n for f, n, c in zip(folders, names, clash)]
+    clash = [names.count(n) > 1 for n in names]
+    names = [clean(f"{n}-{p.stem}") if c else n for p, n, c in zip(paths, names, clash)]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(f"{name}-{seen[name]}" if names.count(name) > 1 else name)
+    return unique
+
+
+def _failed_tests(lab: Lab, why: str) -> list[dict]:
+    return [{"name": "The notebook runs from top to bottom",
+             "max_score": float(lab.config.get("notebook_points", 1)), "score": 0.0,
+             "status": "failed", "output": why}] + [
+        {"name": c["name"], "max_score": c["points"], "score": 0.0, "status": "failed",
+         "output": f"[FAIL] not measured: {why}"} for c in lab.checks]
+
+
+class Batch:
+    def __init__(self, lab: Lab, *, out_dir: Path, timeout: float | None, isolate: bool) -> None:
+        self.lab = lab
+        self.out_dir = out_dir
+        self.timeout = float(timeout or lab.config.get("timeout", DEFAULT_TIMEOUT_S))
+        self.checks_timeout = float(lab.config.get("checks_timeout", DEFAULT_CHECKS_TIMEOUT_S))
+        self.isolate = isolate
+        self.limits = {**DEFAULT_LIMITS, **lab.config.get("limits", {})}
+        self.tmp = Path(tempfile.mkdtemp(prefix="labutils-grade-"))
+        self.lock = threading.Lock()
+        self.results: dict[str, dict] = {}
+        self.executed: dict[str, bytes | None] = {}
+        self.order: list[str] = []
+
+    def readonly_paths(self, sources: list[Path]) -> list[str]:
+        import labutils
+
+        return [str(p) for p in (self.lab.folder, self.out_dir, Path(labutils.__file__).parent,
+                                 Path(sys.prefix), Path(sys.base_prefix),
+                                 *[s.parent if s.is_file() else s for s in sources])]
+
+    def grade_one(self, source: Path, name: str, readonly: list[str]) -> dict:
+        t0 = time.monotonic()
+        tag, nonce = secrets.token_hex(8), secrets.token_hex(16)
+        root = self.tmp / "jobs" / name
+        root.mkdir(parents=True)
+        job = {
+            "name": name, "tag": tag, "nonce": nonce, "source": str(source), "root": str(root),
+            "lab": {"config": self.lab.config, "files": {
+                rel: base64.b64encode(data).decode() for rel, data in self.lab.files.items()}},
+            "checks": self.lab.checks, "limits": self.limits, "timeout": self.timeout,
+            "checks_timeout": self.checks_timeout, "isolate": self.isolate, "readonly": readonly,
+        }
+        log_path = self.tmp / "jobs" / f"{name}.supervisor.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "labutils.grading.supervisor"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+            )
+            try:
+                out, _ = proc.communicate(json.dumps(job).encode(),
+                                          timeout=self.timeout + self.checks_timeout + SUPERVISOR_SLACK_S)
+            except subprocess.TimeoutExpired:
+                out = b""
+            finally:
+                procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
+                proc.wait()
+        payload = next((json.loads(line[len(nonce):]) for line in out.decode(errors="replace").splitlines()
+                        if line.startswith(nonce)), None)
+        result = {"name": name, "source": str(source), "lab": self.lab.folder.name,
+                  "lab_title": self.lab.title, "pass_mark": self.lab.pass_mark}
+        if payload is None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            if proc.returncode is not None and proc.returncode < 0:
+                why = f"grading was cut short: its supervisor was killed (signal {-proc.returncode})"
+                result["grader_error"] = ""
+            else:
+                why = f"the grader failed on this submission (exit code {proc.returncode})"
+                result["grader_error"] = f"{why}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
+            result.update(tests=_failed_tests(self.lab, why), notebook={"status": "not_run"})
+        else:
+            result.update(payload)
+        score, max_score = report.totals(result["tests"])
+        result["passed"] = bool(max_score) and score >= self.lab.pass_mark * max_score - 1e-9
+        result["duration_s"] = round(time.monotonic() - t0, 2)
+        executed = result.pop("executed_notebook", None)
+        result["has_executed_notebook"] = bool(executed and Path(executed).is_file())
+        executed_bytes = Path(executed).read_bytes() if result["has_executed_notebook"] else None
+        with self.lock:
+            report.write_submission(self.out_dir, result, executed_bytes)
+            self.results[name], self.executed[name] = result, executed_bytes
+            report.write_atomic(self.out_dir / "grades.csv", report.grades_csv(
+                [self.results[n] for n in self.order if n in self.results]))
+        shutil.rmtree(root, ignore_errors=True)
+        return result
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def grade(
+    lab: str | os.PathLike,
+    submissions: list[str | os.PathLike],
+    *,
+    out_dir: str | os.PathLike = "grades",
+    jobs: int = 1,
+    timeout: float | None = None,
+    isolate: bool = True,
+    progress=print,
+) -> list[dict]:
+    """Grade submissions of one lab; write DIR/<name>/results.json, feedback, grades.csv.
+
+    Args:
+        lab: the lab folder (lab.json, the notebook, the scripts, checks.py).
+        submissions: notebooks (their folder holds the scripts) or folders.
+        out_dir: where results go.
+        jobs: submissions graded at the same time.
+        timeout: wall-clock seconds for each notebook, start to end (default: the
+            lab's "timeout", else 300).
+        isolate: use namespaces where the machine allows them (False: rlimits only).
+        progress: called with one line per finished submission (None: silent).
+
+    Returns:
+        One result per submission, in the order given: name, tests, passed, ...
+    """
+    the_lab = load_lab(lab)
+    paths = [Path(s).resolve() for s in submissions]
+    missing = [str(s) for s, p in zip(submissions, paths) if not p.exists()]
+    if missing:
+        raise GradingError(f"submission not found: {', '.join(missing)}")
+    if not paths:
+        raise GradingError("no submission given")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise GradingError(f"jobs: expected a whole number >= 1, got {jobs!r}")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    batch = Batch(the_lab, out_dir=out, timeout=timeout, isolate=isolate)
+    names = submission_names(paths)
+    batch.order = names
+    readonly = batch.readonly_paths(paths)
+    done = [0]
+
+    def one(source: Path, name: str) -> dict:
+        result = batch.grade_one(source, name, readonly)
+        if progress is not None:
+            with batch.lock:
+                done[0] += 1
+                score, max_score = report.totals(result["tests"])
+                verdict = "passed" if result["passed"] else "below pass mark"
+                extra = " [grader error]" if result.get("grader_error") else ""
+                progress(f"[{done[0]}/{len(paths)}] {name}: {score:g}/{max_score:g} {verdict} "
+                         f"({result['duration_s']:.0f} s){extra}")
+        return result
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(one, paths, names))
+        for result in results:  # a last write from memory: whatever ran meanwhile, these stand
+            report.write_submission(out, result, batch.executed[result["name"]])
+        report.write_atomic(out / "grades.csv", report.grades_csv(results))
+    finally:
+        batch.close()
+    return results

@@ -1,0 +1,369 @@
+"""Writing a lab's checks: functions that launch the learner's scripts and measure.
+
+A lab's ``checks.py`` declares its checks with ``@check``; each receives a Checker
+``c`` that launches scripts through labutils.launch (runs are cached, so checks
+can share one) and records what was measured against what was expected::
+
+    from labutils.grading import check
+
+    @check("Every item is trained on once per epoch", points=4)
+    def sharding(c):
+        for n in (2, 3):
+            run = c.run("train.py", nproc=n, args=["--epochs", "2"])
+            if not c.completed(run, f"{n} ranks"):
+                continue
+            dup = count_duplicates(run.values("indices"))
+            c.expect(dup == 0, f"{n} ranks: no item seen twice",
+                     measured=f"{dup} items seen twice", expected="0")
+
+A check scores ``points`` times the share of its parts that passed: partial credit,
+one part per world size or case. A check that raises scores 0 and says why.
+Checks never read the learner's notebook: only what fresh runs of the scripts do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from labutils.diagnosis import parse_faulthandler
+
+DEFAULT_HANG_TIMEOUT = 10.0
+DEFAULT_RUN_TIMEOUT = 90.0
+
+
+@dataclass
+class CheckSpec:
+    """What @check attached to a function: its title and its worth."""
+
+    name: str
+    points: float
+
+
+def check(name: str, *, points: float) -> Callable:
+    """Declare a lab check worth ``points``; the title is what learners read.
+
+    Args:
+        name: one line saying what is being checked (shown in the feedback).
+        points: the check's maximum score (> 0).
+    """
+    if not isinstance(points, (int, float)) or isinstance(points, bool) or points <= 0:
+        raise ValueError(f"check {name!r}: points must be a number > 0, got {points!r}")
+
+    def mark(fn: Callable) -> Callable:
+        fn.__labutils_check__ = CheckSpec(name=name, points=float(points))
+        return fn
+
+    return mark
+
+
+def collect_checks(module) -> list[Callable]:
+    """The @check functions of a checks module, in the order they are defined."""
+    found = [fn for fn in vars(module).values()
+             if callable(fn) and hasattr(fn, "__labutils_check__")]
+    return sorted(found, key=lambda fn: inspect.getsourcelines(fn)[1])
+
+
+# --------------------------------------------------------------------------- parts
+
+@dataclass
+class Part:
+    """One measured case of a check: what was measured, what was expected, passed or not."""
+
+    label: str
+    passed: bool
+    measured: str = ""
+    expected: str = ""
+    weight: float = 1.0
+
+    def line(self) -> str:
+        mark = "PASS" if self.passed else "FAIL"
+        text = f"[{mark}] {self.label}"
+        if self.measured or self.expected:
+            text += f"\n       measured: {self.measured or '-'}"
+            if not self.passed and self.expected:
+                text += f"\n       expected: {self.expected}"
+        return text
+
+
+@dataclass
+class CheckResult:
+    """A check's outcome: score out of points, its parts, or the error that stopped it."""
+
+    name: str
+    points: float
+    parts: list[Part] = field(default_factory=list)
+    error: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def score(self) -> float:
+        total = sum(p.weight for p in self.parts)
+        if self.error or total <= 0:
+            return 0.0
+        return round(self.points * sum(p.weight for p in self.parts if p.passed) / total, 2)
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.parts) and all(p.passed for p in self.parts)
+
+    def output(self) -> str:
+        lines = [p.line() for p in self.parts]
+        if self.error:
+            lines.append(f"[FAIL] the check stopped: {self.error}")
+        if not lines:
+            lines.append("[FAIL] nothing was measured")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "points": self.points, "score": self.score,
+            "passed": self.passed, "error": self.error,
+            "duration_s": round(self.duration_s, 2),
+            "parts": [vars(p) for p in self.parts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CheckResult:
+        return cls(name=str(data["name"]), points=float(data["points"]),
+                   parts=[Part(**p) for p in data.get("parts", [])],
+                   error=str(data.get("error", "")), duration_s=float(data.get("duration_s", 0)))
+
+
+# ---------------------------------------------------------------------------- runs
+
+class Run:
+    """One launch of a learner's script, as the checks see it."""
+
+    def __init__(self, *, label: str, result=None, error: str = "", learner_dir: Path) -> None:
+        self.label = label
+        self.result = result          # labutils.RunResult, or None if it could not start
+        self.error = error            # why it could not start
+        self.learner_dir = learner_dir
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and self.result.ok
+
+    @property
+    def records(self) -> list[dict]:
+        return self.result.records if self.result is not None else []
+
+    def values(self, name: str, *, rank: int | None = None) -> list:
+        """Values the script sent with report(name=...), in order (optionally of one rank)."""
+        return [r[name] for r in self.records
+                if name in r and "probe" not in r and (rank is None or r["rank"] == rank)]
+
+    def rows(self, *names: str) -> list[dict]:
+        """Records that carry every one of names (the script's own, not the probe's)."""
+        return [r for r in self.records if "probe" not in r and all(n in r for n in names)]
+
+    def probe(self, kind: str) -> dict[int, dict]:
+        """rank -> the probe's last record of this kind (weights, allreduce)."""
+        return {r["rank"]: r for r in self.records if r.get("probe") == kind}
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.result.attempts) - 1) if self.result is not None else 0
+
+    @property
+    def problem(self) -> str:
+        """One paragraph saying how the run went wrong ('' when it went well)."""
+        if self.result is None:
+            return f"could not start: {self.error}"
+        res = self.result
+        if res.ok:
+            return ""
+        if res.reason == "hang" and res.hang is not None:
+            where = []
+            for rank in sorted(res.hang.stacks):
+                spot = self._learner_frame(res.hang.stacks[rank]) or res.hang.waiting.get(rank, "?")
+                call = res.hang.calls.get(rank)
+                where.append(f"rank {rank} waits at {spot}" + (f" in {call}()" if call else ""))
+            for rank, code in sorted(res.hang.exited.items()):
+                where.append(f"rank {rank} had already exited (code {code})")
+            return (f"hung: no rank made progress for {res.hang.silent_s:.0f} s; "
+                    + "; ".join(where))
+        if res.reason == "timeout":
+            return f"timed out after {res.duration_s:.0f} s"
+        if res.failure is not None:
+            f = res.failure
+            spot = self._learner_frame_from_traceback(f.traceback) or f.where
+            message = f.message.strip().splitlines()[0] if f.message.strip() else ""
+            return f"failed: rank {f.rank} raised {f.exc_type}: {message[:200]} (at {spot})"
+        return f"ended with '{res.reason}'"
+
+    # The launcher names the line in the script it was given; under the probe that is
+    # the probe, so find the innermost frame in the learner's own files instead.
+    def _is_learner_file(self, filename: str) -> bool:
+        try:
+            return Path(filename).resolve().is_relative_to(self.learner_dir.resolve())
+        except (OSError, ValueError):
+            return False
+
+    def _learner_frame(self, stack_text: str) -> str:
+        for frame in parse_faulthandler(stack_text, None):
+            if self._is_learner_file(frame.file):
+                return f"{Path(frame.file).name}:{frame.line}"
+        return ""
+
+    def _learner_frame_from_traceback(self, tb: str) -> str:
+        spot = ""
+        for line in tb.splitlines():
+            line = line.strip()
+            if line.startswith('File "'):
+                name, _, rest = line[6:].partition('", line ')
+                if self._is_learner_file(name):
+                    spot = f"{Path(name).name}:{rest.split(',')[0]}"
+        return spot
+
+    def summary(self) -> dict:
+        res = self.result
+        return {
+            "label": self.label,
+            "ok": self.ok,
+            "reason": res.reason if res is not None else "not started",
+            "duration_s": round(res.duration_s, 2) if res is not None else 0.0,
+            "restarts": self.restarts,
+            "problem": self.problem,
+        }
+
+
+def weights_digest(values: list[float]) -> str:
+    """A short fingerprint of a list of floats, for feedback lines."""
+    return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:12]
+
+
+class Checker:
+    """What a check function receives: launch the learner's scripts and record parts.
+
+    Args:
+        learner_dir: the folder with the learner's scripts (a private copy).
+        checks_dir: the folder of the lab's own files (checks.py and its helpers).
+        scratch: a folder for run folders and each run's working directory.
+        cache: runs shared between the checks of one grading, keyed by their launch.
+    """
+
+    def __init__(self, learner_dir: Path, checks_dir: Path, scratch: Path,
+                 cache: dict | None = None) -> None:
+        self.learner_dir = Path(learner_dir)
+        self.checks_dir = Path(checks_dir)
+        self.scratch = Path(scratch)
+        self.cache = {} if cache is None else cache
+        self.parts: list[Part] = []
+
+    def learner_file(self, name: str) -> Path:
+        """A file of the learner's copy of the lab."""
+        return self.learner_dir / name
+
+    def lab_file(self, name: str) -> Path:
+        """A file of the lab itself (a harness script the checks launch)."""
+        return self.checks_dir / name
+
+    def run(
+        self,
+        script: str | os.PathLike,
+        nproc: int = 2,
+        *,
+        args=(),
+        measure=(),
+        fault: dict | None = None,
+        max_restarts: int = 0,
+        timeout: float = DEFAULT_RUN_TIMEOUT,
+        hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+    ) -> Run:
+        """Launch a script on nproc ranks in a fresh working directory; cached.
+
+        Args:
+            script: a learner's file name (str) or a lab file (a Path from lab_file()).
+            nproc: ranks.
+            args: the script's command-line arguments.
+            measure: probes to run inside each rank: "weights" (the final parameters of
+                every DDP model), "allreduce" (DDP all-reduces per optimizer step).
+            fault: {"rank": R, "step": S}: SIGKILL rank R when it reports step S.
+            max_restarts: torchrun restarts allowed (>= 1 with fault).
+            timeout: wall-clock limit of this run in seconds.
+            hang_timeout: seconds without progress before the run counts as hung.
+        """
+        path = script if isinstance(script, Path) else self.learner_file(str(script))
+        args = [str(a) for a in args]
+        measure = tuple(sorted(measure))
+        key = json.dumps([str(path), nproc, args, measure, fault, max_restarts])
+        if key in self.cache:
+            return self.cache[key]
+        label = f"{path.name} on {nproc} rank{'s' if nproc > 1 else ''}"
+        if args:
+            label += " " + " ".join(args)
+        run = self._launch(path, nproc, args, measure, fault, max_restarts, timeout,
+                           hang_timeout, label)
+        self.cache[key] = run
+        return run
+
+    def _launch(self, path, nproc, args, measure, fault, max_restarts, timeout,
+                hang_timeout, label) -> Run:
+        from labutils.errors import LaunchConfigError
+        from labutils.grading.probe import launch_measured
+        from labutils.launcher import launch
+
+        if not Path(path).exists():
+            return Run(label=label, error=f"{Path(path).name} is missing",
+                       learner_dir=self.learner_dir)
+        workdir = self.scratch / f"run{len(self.cache) + 1}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        options = dict(args=args, hang_timeout=hang_timeout, timeout=timeout,
+                       max_restarts=max_restarts, fault=fault, display="none",
+                       log_dir=workdir / "runs", backend="gloo")
+        here = os.getcwd()
+        os.chdir(workdir)  # files a script writes (checkpoints) stay with its run
+        try:
+            if measure:
+                result = launch_measured(path, nproc, measure=measure, **options)
+            else:
+                result = launch(path, nproc, **options)
+        except LaunchConfigError as exc:
+            return Run(label=label, error=str(exc), learner_dir=self.learner_dir)
+        finally:
+            os.chdir(here)
+        return Run(label=label, result=result, learner_dir=self.learner_dir)
+
+    # ------------------------------------------------------------------ recording
+    def expect(self, passed: bool, label: str, *, measured: Any = "", expected: Any = "",
+               weight: float = 1.0) -> bool:
+        """Record one part of the check; returns passed so checks can branch on it."""
+        self.parts.append(Part(label=label, passed=bool(passed), measured=str(measured),
+                               expected=str(expected), weight=float(weight)))
+        return bool(passed)
+
+    def completed(self, run: Run, label: str, *, weight: float = 1.0, restarts: int = 0) -> bool:
+        """True when the run ended well (with ``restarts`` restarts); else record a failed part."""
+        if run.ok and run.restarts == restarts:
+            return True
+        if run.ok:
+            measured = f"finished after {run.restarts} restart(s)"
+        else:
+            measured = run.problem
+        self.expect(False, label, measured=measured,
+                    expected=f"the run finishes{f' after {restarts} restart(s)' if restarts else ''}",
+                    weight=weight)
+        return False
+
+
+def run_check(fn: Callable, checker: Checker) -> CheckResult:
+    """Run one check function; a crash in it scores 0 with the reason."""
+    spec: CheckSpec = fn.__labutils_check__
+    checker.parts = []
+    t0 = time.monotonic()
+    result = CheckResult(name=spec.name, points=spec.points)
+    try:
+        fn(checker)
+    except Exception as exc:  # noqa: BLE001 - a broken measurement must not stop the other checks
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.parts = list(checker.parts)
+    result.duration_s = time.monotonic() - t0
+    return result

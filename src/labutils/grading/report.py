@@ -1,0 +1,143 @@
+"""What the grader writes: results.json (Gradescope format), a feedback page, grades.csv.
+
+Every file is written atomically (a temporary file in the same folder, then
+os.replace), so a reader never sees half a result, whatever happens to the grader.
+
+results.json follows the Gradescope autograder specification::
+
+    {"score": 7.0, "max_score": 8.0, "execution_time": 41.2, "output": "...",
+     "tests": [{"name": ..., "score": ..., "max_score": ..., "status": "passed",
+                "output": ...}, ...],
+     "extra_data": {"passed": true, "pass_mark": 0.6, ...}}
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import os
+from pathlib import Path
+
+CSV_COLUMNS = ["submission", "score", "max_score", "percent", "passed", "notebook",
+               "problems", "execution_time"]
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write the whole file or nothing: temp file in the same folder, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    with open(tmp, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def totals(tests: list[dict]) -> tuple[float, float]:
+    return (round(sum(t["score"] for t in tests), 2), round(sum(t["max_score"] for t in tests), 2))
+
+
+def gradescope_results(result: dict) -> dict:
+    """The submission's result in the Gradescope autograder format."""
+    score, max_score = totals(result["tests"])
+    verdict = "passed" if result["passed"] else "below the pass mark"
+    lines = [f"{result['lab_title']}: {score:g}/{max_score:g} ({verdict}, pass mark "
+             f"{result['pass_mark']:.0%})."]
+    if result.get("grader_error"):
+        lines.append(f"The grader could not grade this submission properly: {result['grader_error']}")
+    if result.get("integrity"):
+        lines.append("Changes to locked cells or lab files (undone before grading): "
+                     + "; ".join(result["integrity"]))
+    return {
+        "score": score,
+        "max_score": max_score,
+        "execution_time": round(result.get("duration_s", 0.0), 2),
+        "output": "\n".join(lines),
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": [{"name": t["name"], "score": t["score"], "max_score": t["max_score"],
+                   "status": t["status"], "output": t.get("output", ""), "visibility": "visible"}
+                  for t in result["tests"]],
+        "extra_data": {
+            "submission": result["name"], "lab": result["lab"], "passed": result["passed"],
+            "pass_mark": result["pass_mark"], "notebook": result.get("notebook", {}),
+            "integrity": result.get("integrity", []), "sandbox": result.get("sandbox", {}),
+            "runs": result.get("runs", []), "grader_error": result.get("grader_error", ""),
+        },
+    }
+
+
+def feedback_page(result: dict) -> str:
+    """A self-contained HTML page for the learner: score, each check, what was measured."""
+    score, max_score = totals(result["tests"])
+    ok = result["passed"]
+    rows = []
+    for t in result["tests"]:
+        passed = t["status"] == "passed"
+        badge = ("#1a7f37", "passed") if passed else ("#cf222e", "failed")
+        points = f"{t['score']:g} / {t['max_score']:g}" if t["max_score"] else "-"
+        rows.append(
+            f"<section><h3><span class='badge' style='background:{badge[0]}'>{badge[1]}</span> "
+            f"{html.escape(t['name'])} <span class='pts'>{points}</span></h3>"
+            f"<pre>{html.escape(t.get('output', ''))}</pre></section>")
+    notes = ""
+    if result.get("grader_error"):
+        notes += f"<p class='warn'>Grader problem: {html.escape(result['grader_error'])}</p>"
+    sandbox = result.get("sandbox") or {}
+    enforced = ", ".join(filter(None, [
+        f"namespaces: {', '.join(sandbox.get('namespaces') or []) or 'none'}",
+        f"network: {sandbox.get('network', 'not isolated')}",
+        "limits: " + "; ".join(sandbox.get("limits", [])) if sandbox.get("limits") else "",
+    ]))
+    executed = ("<p>Your notebook as the grader ran it: <a href='executed.ipynb'>executed.ipynb</a></p>"
+                if result.get("has_executed_notebook") else "")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(result['lab_title'])}: feedback</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; }}
+.badge {{ color: white; border-radius: 8px; padding: 0 8px; font-size: 0.8em; }}
+.pts {{ float: right; font-weight: normal; }}
+pre {{ background: #f6f8fa; padding: 0.8em; white-space: pre-wrap; }}
+.warn {{ color: #9a6700; }} .small {{ color: #6e7781; font-size: 0.85em; }}
+</style></head><body>
+<h1>{html.escape(result['lab_title'])}</h1>
+<h2 style="color:{'#1a7f37' if ok else '#cf222e'}">{score:g} / {max_score:g}:
+{'passed' if ok else 'below the pass mark'} ({result['pass_mark']:.0%} needed)</h2>
+<p>Submission <b>{html.escape(result['name'])}</b>, graded in {result.get('duration_s', 0):.0f} s.
+The checks ran your scripts for real in a separate process; nothing computed inside
+your notebook counts towards the score.</p>
+{notes}{executed}
+{''.join(rows)}
+<p class="small">Sandbox: {html.escape(enforced)}</p>
+</body></html>
+"""
+
+
+def grades_csv(results: list[dict]) -> str:
+    """One row per submission, in the order given."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in results:
+        score, max_score = totals(r["tests"])
+        problems = [t["name"] for t in r["tests"] if t["status"] != "passed" and t["max_score"]]
+        if r.get("grader_error"):
+            problems.insert(0, "grader error")
+        writer.writerow([r["name"], f"{score:g}", f"{max_score:g}",
+                         f"{100 * score / max_score:.1f}" if max_score else "0",
+                         "yes" if r["passed"] else "no", r.get("notebook", {}).get("status", ""),
+                         "; ".join(problems), f"{r.get('duration_s', 0):.1f}"])
+    return out.getvalue()
+
+
+def write_submission(out_dir: Path, result: dict, executed_notebook: bytes | None) -> None:
+    """DIR/<name>/results.json, feedback.html and executed.ipynb, each atomically."""
+    folder = Path(out_dir) / result["name"]
+    if executed_notebook is not None:
+        write_atomic(folder / "executed.ipynb", executed_notebook)
+    write_atomic(folder / "feedback.html", feedback_page(result))
+    write_atomic(folder / "results.json", json.dumps(gradescope_results(result), indent=2))

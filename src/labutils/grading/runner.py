@@ -1,0 +1,135 @@
+"""Run a lab's checks in a process of their own and hand back the results.
+
+The grader runs, inside the sandbox of one submission::
+
+    python -m labutils.grading.runner --checks DIR --learner DIR --scratch DIR --nonce-stdin
+
+It imports the lab's checks.py from DIR (the grader's pristine copy, never the
+learner's), runs every @check against the learner's scripts and prints one line
+per finished check, then a last one: each is the nonce the grader sent on stdin
+followed by JSON. Anything the learner's code prints cannot carry that nonce, so
+it cannot pose as a result.
+
+Learners run the same checks from their notebook or a terminal::
+
+    from labutils.grading import run_checks
+    run_checks()            # the checks of the lab in this folder, on its scripts
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from labutils.grading.checks import Checker, CheckResult, collect_checks, run_check
+
+CHECKS_FILE = "checks.py"
+
+
+def load_checks(checks_dir: Path):
+    """Import DIR/checks.py under a private name, with DIR first on the import path."""
+    path = Path(checks_dir) / CHECKS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {CHECKS_FILE} in {checks_dir}")
+    sys.path.insert(0, str(Path(checks_dir).resolve()))
+    spec = importlib.util.spec_from_file_location("labutils_lab_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
+                   on_result=None) -> tuple[list, list]:
+    """Every check of the lab against the learner's scripts: (CheckResults, run summaries).
+
+    on_result(CheckResult) is called as each check finishes.
+    """
+    module = load_checks(checks_dir)
+    checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch)
+    results = []
+    for fn in collect_checks(module):
+        results.append(run_check(fn, checker))
+        if on_result is not None:
+            on_result(results[-1])
+    return results, [run.summary() for run in checker.cache.values()]
+
+
+def format_result(r: CheckResult) -> str:
+    """One check as text: its score and title, then its parts."""
+    return "\n".join([f"{r.score:g}/{r.points:g}  {r.name}",
+                      *("    " + line for line in r.output().splitlines())])
+
+
+def format_total(results: list[CheckResult]) -> str:
+    return f"total: {sum(r.score for r in results):g}/{sum(r.points for r in results):g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m labutils.grading.runner")
+    p.add_argument("--checks", required=True, help="folder with the lab's checks.py")
+    p.add_argument("--learner", required=True, help="folder with the learner's scripts")
+    p.add_argument("--scratch", required=True, help="folder for runs")
+    p.add_argument("--nonce-stdin", action="store_true",
+                   help="read a nonce from stdin and prefix the result line with it")
+    ns = p.parse_args(argv)
+    nonce = sys.stdin.readline().strip() if ns.nonce_stdin else ""
+    result_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever the checks or the scripts print goes to stderr
+    sys.stdout = sys.stderr
+
+    def send(payload: dict) -> None:
+        result_out.write(nonce + json.dumps(payload) + "\n")
+        result_out.flush()
+
+    t0 = time.monotonic()
+    try:
+        _, runs = run_lab_checks(Path(ns.checks), Path(ns.learner), Path(ns.scratch),
+                                 on_result=lambda r: send({"test": r.to_json()}))
+        send({"done": True, "runs": runs, "duration_s": round(time.monotonic() - t0, 2)})
+    except Exception as exc:  # noqa: BLE001 - reported to the grader as a checks error
+        import traceback
+
+        send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    return 0
+
+
+def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False) -> list[CheckResult]:
+    """Run the lab's public checks on the scripts in ``folder`` and print the results.
+
+    The checks run in a separate process (never in the notebook's kernel), exactly as
+    the grader runs them, minus the notebook itself.
+
+    Args:
+        folder: the lab folder (with checks.py and your scripts).
+        quiet: return the results without printing them.
+    """
+    folder = Path(folder).resolve()
+    scratch = folder / "runs" / f"checks-{time.strftime('%Y%m%d-%H%M%S')}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "labutils.grading.runner", "--checks", str(folder),
+               "--learner", str(folder), "--scratch", str(scratch)]
+    results, errors = [], []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as proc:
+        for line in proc.stdout:
+            message = json.loads(line) if line.startswith("{") else {}
+            if "test" in message:
+                results.append(CheckResult.from_json(message["test"]))
+                if not quiet:
+                    print(format_result(results[-1]), flush=True)
+            errors += [message["error"]] if "error" in message else []
+    if errors or proc.returncode:
+        raise RuntimeError(f"the checks could not run: {errors[0] if errors else proc.returncode}")
+    if not quiet:
+        print(format_total(results))
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Run one command of a submission inside the strongest sandbox this machine allows.
+
+    python -m labutils.grading.sandbox SPEC_JSON -- COMMAND...
+
+SPEC_JSON (one argument) says where the command runs and what it may do::
+
+    {"cwd": "/tmp/.../work", "readonly": ["/path/to/labs/01", "/path/to/out", ...],
+     "isolate": true, "limits": {"memory_bytes": ..., "file_bytes": ..., "processes": ...},
+     "env": {...}, "report": "/path/enforced.json"}
+
+Each measure is tried on its own and what held is written to ``report``:
+
+- namespaces (Linux; root, or unprivileged user namespaces): a PID namespace (the
+  command and everything it starts die together when the sandbox ends; kill(-1) and
+  killing a parent cannot reach outside), a network namespace with only loopback
+  (torchrun and the Jupyter kernel talk over 127.0.0.1; nothing else is reachable), a
+  mount namespace in which the grader's files (the lab, the output folder, the
+  grader's own code and the Python installation) are mounted read-only;
+- capabilities: as root, every capability is dropped, so the command cannot undo the
+  mounts or leave the namespaces; no_new_privs stops setuid programs giving them back;
+- rlimits: address space per process (memory), file size (output written to disk),
+  core dumps off, and the number of processes where the kernel enforces it (not for
+  root in the initial user namespace).
+
+Where namespaces are refused (a container without CAP_SYS_ADMIN, say) the command
+still runs, with the rlimits, in its own session; the supervisor then relies on its
+own process-tree tracking, and the grader on copies and hashes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_ST_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC}
+_CAP_VERSION_3 = 0x20080522
+_MAX_CAP = 63
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _call(name: str, *args) -> None:
+    if getattr(_libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags: int) -> None:
+    _call("mount", None if source is None else source.encode(), target.encode(),
+          None if fstype is None else fstype.encode(), ctypes.c_ulong(flags), None)
+
+
+def _map_ids() -> None:
+    """In a fresh user namespace, map our own uid and gid (all an unprivileged user may)."""
+    uid, gid = os.geteuid(), os.getegid()
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+
+
+def _unshare(outer_uid: int) -> list[str]:
+    """Enter new mount, network and PID namespaces (with a user namespace when not root)."""
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
+    if outer_uid != 0:
+        flags |= CLONE_NEWUSER
+    _call("unshare", ctypes.c_int(flags))
+    if outer_uid != 0:
+        _map_ids()
+    return ["pid", "net", "mount"] + (["user"] if outer_uid != 0 else [])
+
+
+def _loopback_up() -> None:
+    """Bring up lo in the new network namespace (SIOCGIFFLAGS / SIOCSIFFLAGS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, req))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 0x1))  # IFF_UP
+
+
+def _readonly(paths: list[str]) -> list[str]:
+    """Bind each path onto itself read-only; returns the paths that are now read-only."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks to the host
+    done = []
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if not os.path.exists(path):
+            continue
+        keep = sum(ms for st, ms in _ST_FLAGS.items() if os.statvfs(path).f_flag & st)
+        _mount(path, path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+        done.append(path)
+    return done
+
+
+def _drop_capabilities() -> None:
+    """Root without capabilities: no remounting, no leaving namespaces, no DAC override."""
+    for cap in range(_MAX_CAP + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
+            break  # past the last capability this kernel knows
+    header = struct.pack("Ii", _CAP_VERSION_3, 0)
+    data = ctypes.create_string_buffer(24)  # two empty (effective, permitted, inheritable)
+    _call("capset", ctypes.c_char_p(header), data)
+
+
+def _set_limits(limits: dict, outer_uid: int) -> list[str]:
+    held = []
+    pairs = [("memory_bytes", resource.RLIMIT_AS, "memory per process"),
+             ("file_bytes", resource.RLIMIT_FSIZE, "file size")]
+    if outer_uid != 0:  # the kernel never counts processes against root's limit
+        pairs.append(("processes", resource.RLIMIT_NPROC, "processes"))
+    for key, which, name in pairs:
+        value = limits.get(key)
+        if value:
+            if which == resource.RLIMIT_NPROC:
+                value += _processes_of(os.getuid())  # the limit counts all of this user's
+            resource.setrlimit(which, (int(value), int(value)))
+            held.append(f"{name} <= {int(value)}")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return held
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                count += os.stat(f"/proc/{entry}").st_uid == uid
+            except OSError:
+                pass
+    return count
+
+
+def _exec(spec: dict, command: list[str], enforced: dict, outer_uid: int) -> None:
+    """Last steps in the process that becomes the command."""
+    enforced["limits"] = _set_limits(spec.get("limits", {}), outer_uid)
+    if enforced.get("namespaces") and outer_uid == 0:
+        try:
+            _drop_capabilities()
+            enforced["capabilities"] = "all dropped"
+        except OSError as exc:
+            enforced["capabilities"] = f"kept ({exc})"
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    report = spec.get("_report_fd")
+    if report is not None:  # opened before the mounts went read-only
+        os.write(report, json.dumps(enforced).encode())
+        os.close(report)
+    os.chdir(spec["cwd"])
+    os.execvpe(command[0], command, spec.get("env") or dict(os.environ))
+
+
+def _init(child: int) -> int:
+    """PID 1 of the namespace: reap everything, return the command's exit status."""
+    status = 1
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return status
+        if pid == child:
+            status = os.waitstatus_to_exitcode(raw)
+            return status if status >= 0 else 128 - status
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m labutils.grading.sandbox SPEC_JSON -- COMMAND...", file=sys.stderr)
+        return 2
+    spec, command = json.loads(argv[0]), argv[2:]
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the supervisor
+    outer_uid = os.geteuid()
+    if spec.get("report"):
+        spec["_report_fd"] = os.open(spec["report"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    enforced: dict = {"namespaces": [], "readonly": [], "network": "not isolated"}
+    if spec.get("isolate", True):
+        try:
+            enforced["namespaces"] = _unshare(outer_uid)
+            _loopback_up()
+            enforced["network"] = "loopback only"
+            enforced["readonly"] = _readonly(spec.get("readonly", []))
+        except OSError as exc:
+            if enforced["namespaces"]:
+                raise  # half a sandbox is worse than a clear failure
+            enforced["namespaces_error"] = str(exc)
+    if "pid" not in enforced["namespaces"]:
+        _exec(spec, command, enforced, outer_uid)  # same pid: the supervisor tracks it
+    child = os.fork()
+    if child == 0:  # PID 1 of the new namespace
+        try:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            command_pid = os.fork()
+            if command_pid == 0:
+                _exec(spec, command, enforced, outer_uid)
+            os._exit(_init(command_pid))
+        except BaseException as exc:  # noqa: BLE001 - never fall back into the parent's code
+            print(f"sandbox: {exc}", file=sys.stderr)
+            os._exit(125)
+    _, raw = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(raw)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,401 @@
+"""One submission from start to end, in a process of its own.
+
+The grader starts ``python -m labutils.grading.supervisor`` per submission, in a
+session of its own, and sends the job as JSON on stdin. The supervisor
+
+1. builds a private working copy: the lab's files, the submission's files on top,
+   the lab's locked files and locked notebook cells put back (and reported);
+2. runs the notebook with papermill inside the sandbox (execute.py), under the
+   whole-notebook deadline, watching the process tree's memory, size and disk use;
+3. ends every process of that phase (SIGKILL to the tree, the tagged processes and
+   the orphans it adopted as a subreaper);
+4. puts the locked files back again, then runs the lab's checks from a pristine
+   copy, in the sandbox too (runner.py), under the checks' deadline, and ends
+   every process again;
+5. prints the graded tests as JSON on stdout and exits.
+
+Results from the sandbox only count when they carry the nonce the supervisor sent
+on the phase's stdin, which nothing the submission runs can read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labutils.grading import procs
+from labutils.grading.notebook import read_notebook, restore_locked_cells
+
+SKIP_DIRS = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
+GRADER_FILES = {"checks.py", "lab.json"}  # the lab's, never copied into the learner's folder
+MAX_FILE_BYTES = 5 << 20
+MAX_SUBMISSION_BYTES = 20 << 20
+MAX_RESULT_LINE = 8 << 20
+POLL_S = 0.2
+ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV",
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
+
+
+@dataclass
+class Phase:
+    """How one sandboxed phase ended and what it said with the nonce."""
+
+    messages: list[dict] = field(default_factory=list)
+    ended: str = "exited"      # exited | timeout | memory | processes | disk
+    detail: str = ""
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    enforced: dict = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(self, job: dict) -> None:
+        self.job = job
+        self.lab = job["lab"]
+        self.config = self.lab["config"]
+        self.files = {rel: base64.b64decode(data) for rel, data in self.lab["files"].items()}
+        self.root = Path(job["root"])
+        self.work = self.root / "work"
+        self.private = self.root / "private"
+        self.scratch = self.root / "scratch"
+        self.notes: list[str] = []
+        self.limits = job["limits"]
+
+    # ------------------------------------------------------------------ files
+    def _locked_files(self) -> dict[str, bytes]:
+        """Lab files the learner's folder needs but must not change."""
+        edit = set(self.config.get("edit", []))
+        return {rel: data for rel, data in self.files.items()
+                if rel not in edit and rel not in GRADER_FILES and rel != self.config["notebook"]}
+
+    def _put_back_locked(self, *, when: str) -> None:
+        """Rewrite every locked file of the working copy that differs from the lab's."""
+        for rel, data in self._locked_files().items():
+            path = self.work / rel
+            if not path.is_symlink() and path.is_file() and path.read_bytes() == data:
+                continue
+            self.notes.append(f"{rel} was changed {when}; the lab's copy was put back")
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.is_symlink() or path.exists():
+                path.unlink()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+    def _submission(self) -> tuple[Path, Path | None]:
+        """The submission's folder and its notebook (None when there is none)."""
+        source = Path(self.job["source"])
+        if source.is_file():
+            return source.parent, source
+        wanted = source / self.config["notebook"]
+        if wanted.is_file():
+            return source, wanted
+        found = sorted(source.glob("*.ipynb"))
+        return source, (found[0] if len(found) == 1 else None)
+
+    def prepare(self) -> tuple[Path | None, str]:
+        """The working copy; returns (notebook to run, or None, and why not)."""
+        for d in (self.work, self.private, self.scratch):
+            d.mkdir(parents=True, exist_ok=True)
+        for rel, data in self.files.items():
+            if rel not in GRADER_FILES and rel != self.config["notebook"]:
+                (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.work / rel).write_bytes(data)
+        folder, notebook = self._submission()
+        locked, total = self._locked_files(), 0
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder).as_posix()
+            if any(part in SKIP_DIRS or part.startswith(".") for part in Path(rel).parts):
+                continue
+            if path.is_symlink():
+                if rel not in self.files:
+                    self.notes.append(f"{rel} is a symbolic link; it was not used")
+                continue
+            if not path.is_file() or path.suffix == ".ipynb":
+                continue
+            data_size = path.stat().st_size
+            if rel in locked or rel in GRADER_FILES:
+                if self.files.get(rel) != path.read_bytes():
+                    what = "the checks" if rel == "checks.py" else rel
+                    self.notes.append(f"{what} differ{'s' if what == rel else ''} from the lab's "
+                                      "copy; the grader used its own")
+                continue
+            if data_size > MAX_FILE_BYTES or total + data_size > MAX_SUBMISSION_BYTES:
+                self.notes.append(f"{rel} was not used: the grader takes files up to "
+                                  f"{MAX_FILE_BYTES >> 20} MB, {MAX_SUBMISSION_BYTES >> 20} MB in all")
+                continue
+            total += data_size
+            (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, self.work / rel)
+        if notebook is None:
+            return None, (f"no notebook found in {folder.name}/ (expected "
+                          f"{self.config['notebook']})")
+        read = read_notebook(notebook)
+        if read.nb is None:
+            return None, read.problem
+        lab_nb = read_notebook_bytes(self.files[self.config["notebook"]])
+        nb, notes = restore_locked_cells(read.nb, lab_nb)
+        self.notes += notes
+        import nbformat
+
+        target = self.work / self.config["notebook"]
+        nbformat.write(nb, target)
+        return target, ""
+
+    # ----------------------------------------------------------------- phases
+    def _env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("LC_")}
+        home = self.scratch / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        env.update({
+            "HOME": str(home), "USER": "learner", "LOGNAME": "learner",
+            "JUPYTER_RUNTIME_DIR": str(home / "jupyter-runtime"),
+            "JUPYTER_DATA_DIR": str(home / "jupyter-data"),
+            "IPYTHONDIR": str(home / "ipython"), "MPLCONFIGDIR": str(home / "matplotlib"),
+            "XDG_CACHE_HOME": str(home / "cache"), "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1", "LABUTILS_DISPLAY": "text",
+            "JUPYTER_PLATFORM_DIRS": "1", procs.TAG_ENV: self.job["tag"],
+        })
+        return env
+
+    def run_phase(self, name: str, command: list[str], *, timeout: float, cwd: Path) -> Phase:
+        """Run a command in the sandbox, watch it, end every process it started."""
+        nonce = secrets.token_hex(16)
+        report = self.private / f"{name}-sandbox.json"
+        spec = {
+            "cwd": str(cwd), "isolate": self.job["isolate"], "env": self._env(),
+            "readonly": [*self.job["readonly"], str(self.private)],
+            "limits": {"memory_bytes": self.limits["memory_bytes"],
+                       "file_bytes": self.limits["file_bytes"],
+                       "processes": self.limits["processes"]},
+            "report": str(report),
+        }
+        phase = Phase()
+        log = open(self.private / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "labutils.grading.sandbox", json.dumps(spec), "--", *command],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+        )
+        reader = threading.Thread(target=_read_messages, args=(proc.stdout, nonce, phase.messages),
+                                  daemon=True)
+        reader.start()
+        try:
+            proc.stdin.write(nonce.encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            pass
+        self._watch(proc, phase, t0 + timeout, timeout)
+        # the phase's processes, and any orphans of it this subreaper adopted
+        procs.kill_everything(roots=procs.own_children(), tag=self.job["tag"], keep={proc.pid})
+        phase.exit_code = proc.wait()
+        procs.kill_everything(roots=procs.own_children(), tag=self.job["tag"])
+        reader.join(timeout=10)
+        log.close()
+        phase.duration_s = time.monotonic() - t0
+        try:
+            phase.enforced = json.loads(report.read_text())
+        except (OSError, ValueError):
+            phase.enforced = {}
+        return phase
+
+    def _watch(self, proc: subprocess.Popen, phase: Phase, deadline: float, timeout: float) -> None:
+        last_disk = 0.0
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now >= deadline:
+                phase.ended, phase.detail = "timeout", f"did not finish within {timeout:g} s"
+                return
+            size = procs.tree_size(proc.pid)
+            if size.rss_bytes > self.limits["tree_memory_bytes"]:
+                phase.ended = "memory"
+                phase.detail = (f"used {size.rss_bytes / 2**30:.1f} GiB of memory, more than the "
+                                f"{self.limits['tree_memory_bytes'] / 2**30:.1f} GiB allowed")
+                return
+            if size.processes > self.limits["processes"]:
+                phase.ended = "processes"
+                phase.detail = (f"ran {size.processes} processes at once, more than the "
+                                f"{self.limits['processes']} allowed")
+                return
+            if now - last_disk > 2:
+                last_disk = now
+                limit = self.limits["disk_bytes"]
+                used = procs.folder_bytes(self.work, limit=limit) + procs.folder_bytes(
+                    self.scratch, limit=limit)
+                if used > limit:
+                    phase.ended = "disk"
+                    phase.detail = f"wrote more than {limit >> 20} MB of files"
+                    return
+            procs.reap_children(keep={proc.pid})
+            time.sleep(POLL_S)
+
+    # ------------------------------------------------------------------ grade
+    def notebook_test(self, notebook: Path | None, problem: str) -> tuple[dict, dict]:
+        points = float(self.config.get("notebook_points", 1))
+        test = {"name": "The notebook runs from top to bottom", "max_score": points,
+                "score": 0.0, "status": "failed"}
+        if notebook is None:
+            test["output"] = problem
+            return test, {"status": "not_run", "problem": problem}
+        executed = self.work / ".executed.ipynb"
+        python = sys.executable
+        command = [python, "-m", "labutils.grading.execute", str(notebook), str(executed),
+                   "--parameters", json.dumps(self.config.get("parameters", {})),
+                   "--timeout", str(self.job["timeout"]),
+                   "--max-output-bytes", str(self.limits["output_bytes"]), "--nonce-stdin"]
+        phase = self.run_phase("notebook", command, timeout=self.job["timeout"] + 30,
+                               cwd=notebook.parent)
+        self.enforced = phase.enforced
+        outcome = phase.messages[-1] if phase.messages else {}
+        if phase.ended != "exited":
+            outcome = {"status": phase.ended, "detail": phase.detail}
+        elif not outcome:
+            outcome = {"status": "crashed", "detail": f"the notebook runner ended with exit code "
+                                                      f"{phase.exit_code} and no result"}
+        outcome["wall_s"] = round(phase.duration_s, 2)
+        if executed.is_file() and not executed.is_symlink() and executed.stat().st_size <= 20 << 20:
+            shutil.copyfile(executed, self.private / "executed.ipynb")
+        test["output"] = describe_outcome(outcome, self.job["timeout"])
+        if outcome.get("status") == "completed":
+            test.update(score=points, status="passed")
+        return test, outcome
+
+    def check_tests(self) -> tuple[list[dict], list[dict], str]:
+        checks = self.private / "checks"
+        for rel, data in self.files.items():
+            (checks / rel).parent.mkdir(parents=True, exist_ok=True)
+            (checks / rel).write_bytes(data)
+        command = [sys.executable, "-m", "labutils.grading.runner", "--checks", str(checks),
+                   "--learner", str(self.work), "--scratch", str(self.scratch / "checks"),
+                   "--nonce-stdin"]
+        phase = self.run_phase("checks", command, timeout=self.job["checks_timeout"],
+                               cwd=self.scratch)
+        self.checks_enforced = phase.enforced
+        done = {m["test"]["name"]: m["test"] for m in phase.messages if "test" in m}
+        errors = [m for m in phase.messages if "error" in m]
+        runs = next((m["runs"] for m in phase.messages if m.get("done")), [])
+        grader_error = ""
+        if errors:
+            grader_error = f"the lab's checks failed to load: {errors[0]['error']}"
+        tests = []
+        for spec in self.job["checks"]:
+            result = done.get(spec["name"])
+            if result is None:
+                why = grader_error or (
+                    f"the checks {phase.detail}" if phase.ended != "exited" else
+                    f"the checks ended (exit code {phase.exit_code}) before this one ran")
+                tests.append({"name": spec["name"], "max_score": spec["points"], "score": 0.0,
+                              "status": "failed", "output": f"[FAIL] not measured: {why}"})
+                continue
+            from labutils.grading.checks import CheckResult
+
+            check = CheckResult.from_json(result)
+            tests.append({"name": check.name, "max_score": check.points, "score": check.score,
+                          "status": "passed" if check.passed else "failed",
+                          "output": check.output()})
+        return tests, runs, grader_error
+
+    def grade(self) -> dict:
+        t0 = time.monotonic()
+        procs.become_subreaper()
+        self.enforced: dict = {}
+        notebook, problem = self.prepare()
+        nb_test, outcome = self.notebook_test(notebook, problem)
+        self._put_back_locked(when="while the notebook ran")
+        tests, runs, grader_error = self.check_tests()
+        self.enforced = self.enforced or self.checks_enforced
+        integrity = {
+            "name": "Locked cells and lab files are unchanged", "max_score": 0.0, "score": 0.0,
+            "status": "failed" if self.notes else "passed",
+            "output": "\n".join(self.notes) or "nothing was changed",
+        }
+        return {
+            "tests": [nb_test, *tests, integrity], "notebook": outcome, "runs": runs,
+            "integrity": self.notes, "sandbox": self.enforced, "grader_error": grader_error,
+            "executed_notebook": str(self.private / "executed.ipynb")
+            if (self.private / "executed.ipynb").is_file() else None,
+            "duration_s": round(time.monotonic() - t0, 2),
+        }
+
+
+def read_notebook_bytes(data: bytes):
+    import nbformat
+
+    return nbformat.reads(data.decode(), as_version=4)
+
+
+def _read_messages(stream, nonce: str, out: list) -> None:
+    """Keep the lines that start with the nonce; drain and drop everything else."""
+    prefix = nonce.encode()
+    buffer = b""
+    while True:
+        chunk = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(prefix):
+                try:
+                    out.append(json.loads(line[len(prefix):]))
+                except ValueError:
+                    pass
+        if len(buffer) > MAX_RESULT_LINE:
+            buffer = b""  # no result line is this long: it is someone else's flood
+
+
+def describe_outcome(outcome: dict, timeout: float) -> str:
+    """What happened to the notebook, in a sentence or two for the learner."""
+    status = outcome.get("status")
+    where = outcome.get("cell", "a cell")
+    took = f" in {outcome['duration_s']:.0f} s" if "duration_s" in outcome else ""
+    if status == "completed":
+        text = (f"The notebook ran to the end{took}. (Errors in cells tagged raises-exception "
+                "are part of the story and do not count.)")
+    elif status == "error":
+        text = (f"The notebook stopped at {where}: {outcome.get('ename')}: {outcome.get('evalue')}. "
+                "The cells after it did not run.")
+    elif status == "timeout":
+        text = (f"The notebook did not finish within {timeout:g} s (the limit is for the whole "
+                f"notebook); it was running {where}.")
+    elif status == "output_limit":
+        text = f"The notebook printed far more output than the grader keeps; it was stopped at {where}."
+    elif status == "kernel_died":
+        text = (f"The kernel died (it was killed, crashed or ran out of memory) while running "
+                f"{where}.")
+    elif status in ("memory", "processes", "disk"):
+        text = f"The notebook was stopped: it {outcome.get('detail')}."
+    else:
+        text = f"The notebook could not be run: {outcome.get('detail') or outcome.get('evalue') or status}."
+    if outcome.get("output_bytes_dropped"):
+        text += f" {outcome['output_bytes_dropped']} bytes of output were not kept."
+    return text
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    from labutils._proc import die_with_parent
+
+    die_with_parent()
+    # Non-dumpable: processes of the submission cannot read this one's memory or open
+    # its file descriptors through /proc, so the nonce and the result pipe stay ours.
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    result = Supervisor(job).grade()
+    sys.stdout.write(job["nonce"] + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
