@@ -1,0 +1,42 @@
+"""Exercise: a ring all-reduce with blocking send() and recv() that does not deadlock.
+
+ring_deadlock.py hangs because every rank calls send() first. Order the calls by
+rank parity instead: even ranks send then receive, odd ranks receive then send.
+Then at least one rank of every waiting chain is receiving, and the chain unwinds
+(also for an odd number of ranks: work out why on paper for 3).
+
+Write parity_ring_all_reduce below (start from ring.py's ring_all_reduce, replace
+_exchange with your own parity-ordered dist.send / dist.recv), then check it from
+the notebook (check_parity_ring()) or with
+
+    torchrun --standalone --nproc-per-node 3 02_collectives/exercise_parity_ring.py
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ring import ring_chunks  # noqa: E402,F401  (you will want it)
+
+
+def parity_ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum tensor over all ranks in place: reduce-scatter then all-gather, blocking calls."""
+    raise NotImplementedError("write the parity-ordered ring here")
+
+
+if __name__ == "__main__":
+    from labutils.dist import init, report
+
+    rank, world_size, device = init()
+    sizes = (1, 2, 3, 5, 7, 10, 1001)
+    for numel in sizes:
+        data = torch.randn(numel, generator=torch.Generator().manual_seed(rank * 7 + numel),
+                           dtype=torch.float64).to(device)
+        expected = data.clone()
+        dist.all_reduce(expected)
+        torch.testing.assert_close(parity_ring_all_reduce(data.clone()), expected)
+    report(sizes_checked=len(sizes))
+    dist.destroy_process_group()

@@ -1,0 +1,123 @@
+"""Check the from-scratch all-reduces against dist.all_reduce, count their bytes, time them.
+
+Run it on 4 ranks, from the lessons folder:
+
+    torchrun --standalone --nproc-per-node 4 02_collectives/ring_bench.py
+
+or from the notebook: launch("02_collectives/ring_bench.py", nproc=4). Three parts:
+
+1. correctness: every algorithm in ring.py equals dist.all_reduce on groups of 2, 3
+   and 4 ranks, for sizes that do not divide evenly into chunks (1, 2, 3, 5, 7, 10,
+   1001 and 4099 elements): rank 0 collects every rank's results and compares them
+   with torch.testing.assert_close; report(check=...) per group size.
+2. traffic: bytes each rank sent and received for one all-reduce of 1001 float32
+   elements (4004 bytes) on each group size; report(traffic=...) per rank.
+3. speed, like nccl-tests: all_reduce of float32 arrays from 8 B to --max-bytes on
+   every rank, library vs ring vs naive ring vs reduce+broadcast. Each call starts
+   after a barrier; a call's time is that of the slowest rank; rank 0 reports the
+   median per size. --check-only skips this part.
+
+Runs on gloo (CPU) and NCCL (GPUs): tensors live on the device init() picked.
+"""
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))  # ring.py sits next to this file
+from ring import ALGORITHMS  # noqa: E402
+
+from labutils.dist import init, report  # noqa: E402
+from labutils.timing import median, time_calls  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--max-bytes", type=int, default=32 * 2**20, help="largest array, bytes")
+parser.add_argument("--check-only", action="store_true", help="skip the timing sweep")
+args = parser.parse_args()
+
+rank, world_size, device = init()
+CHECK_SIZES = (1, 2, 3, 5, 7, 10, 1001, 4099)  # elements; most are not multiples of 2, 3, 4
+TRAFFIC_SIZE = 1001
+
+# ---------------------------------------------------------------- 1. correctness
+# new_group() must be called by every rank, members or not.
+groups = {n: dist.new_group(list(range(n))) for n in range(2, world_size + 1)}
+results = []  # (group size, elements, algorithm, result, dist.all_reduce's result) of this rank
+for n, group in groups.items():
+    if rank >= n:
+        continue
+    for numel in CHECK_SIZES:
+        gen = torch.Generator().manual_seed(1000 * rank + numel)
+        data = torch.randn(numel, generator=gen, dtype=torch.float64).to(device)
+        expected = data.clone()
+        dist.all_reduce(expected, group=group)
+        for name, all_reduce in ALGORITHMS.items():
+            results.append((n, numel, name, all_reduce(data.clone(), group).cpu(), expected.cpu()))
+# Rank 0 checks every rank's results (assert_close's first call imports sympy, seconds of
+# CPU: once, not once per rank). A mismatch raises here and fails the run.
+everyone = [None] * world_size
+dist.gather_object(results, everyone if rank == 0 else None, dst=0)
+if rank == 0:
+    for n in groups:
+        worst, checked = 0.0, 0
+        for r, rank_results in enumerate(everyone):
+            for size, numel, name, got, expected in rank_results:
+                if size != n:
+                    continue
+                torch.testing.assert_close(
+                    got, expected, msg=lambda m: f"{name}, rank {r} of {n}, {numel} elements: {m}")
+                worst = max(worst, (got - expected).abs().max().item())
+                checked += 1
+        report(check="ring == dist.all_reduce", group_size=n, sizes=list(CHECK_SIZES),
+               algorithms=list(ALGORITHMS), results_checked=checked, max_abs_diff=worst)
+
+# ---------------------------------------------------------------- 2. traffic
+for n, group in groups.items():
+    if rank >= n:
+        continue
+    data = torch.ones(TRAFFIC_SIZE, dtype=torch.float32, device=device)
+    for name, all_reduce in ALGORITHMS.items():
+        traffic = Counter()
+        all_reduce(data.clone(), group, traffic=traffic)
+        report(traffic=name, group_size=n, data_bytes=data.numel() * data.element_size(),
+               sent=traffic["sent"], received=traffic["received"])
+
+# ---------------------------------------------------------------- 3. speed
+if args.check_only:
+    dist.destroy_process_group()
+    sys.exit(0)
+
+
+def sync() -> None:
+    """All ranks start each timed call together (and GPU work is finished)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+
+
+def library(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+candidates = {"library": library, **ALGORITHMS}
+nbytes = 8
+while nbytes <= args.max_bytes:
+    x = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # sums of zeros never overflow
+    iters = 8 if nbytes <= 128 * 2**10 else 5 if nbytes <= 2 * 2**20 else 3
+    for name, all_reduce in candidates.items():
+        def call():
+            all_reduce(x)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        times = torch.tensor(time_calls(call, iters=iters, warmup=1, sync=sync), device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
+        if rank == 0:
+            report(algorithm=name, nbytes=nbytes, seconds=median(times.tolist()), iters=iters)
+    nbytes *= 4
+
+dist.destroy_process_group()
