@@ -131,6 +131,94 @@ def test_stop_click_sets_the_flag_the_launcher_polls(tmp_path, shown):
     assert d.stop.description == "stopping" and d.stop.disabled
 
 
+# ------------------------------------------------------------ progress bars
+@pytest.mark.parametrize("values, shown", [
+    ({"step": 0, "total": 10}, (1, 10)),        # step counts from 0, like range(total)
+    ({"step": 9, "total": 10, "loss": 0.1}, (10, 10)),
+    ({"step": 12, "total": 10}, (10, 10)),      # past the end stays full
+    ({"step": 3}, None),                        # no total: no bar
+    ({"total": 10}, None),
+    ({"step": 1.0, "total": 10}, None),         # counts are ints
+    ({"step": True, "total": 10}, None),
+    ({"step": -1, "total": 10}, None),
+    ({"step": 1, "total": 0}, None),
+    ({"step": "3", "total": 10}, None),
+])
+def test_progress_takes_step_and_total_counts(values, shown):
+    p = lw.Progress()
+    assert p.update(values, now=0.0) is (shown is not None)
+    if shown:
+        assert (p.done, p.total) == shown
+
+
+def test_progress_label_estimates_time_left_from_the_pace_since_the_first_report():
+    p = lw.Progress()
+    p.update({"step": 0, "total": 10}, now=100.0)
+    assert p.label() == "1/10"  # one report: no pace yet
+    p.update({"step": 4, "total": 10}, now=108.0)  # 4 steps in 8 s: 2 s a step
+    assert p.label() == "5/10 · ~10 s left"
+    assert p.label(ended=True) == "5/10"
+    p.update({"step": 0, "total": 10}, now=200.0)  # a restart starts the pace again
+    p.update({"step": 1, "total": 10}, now=201.0)
+    assert p.label() == "2/10 · ~8 s left"
+
+
+def test_step_and_total_records_show_a_bar_coloured_by_the_final_state(tmp_path, shown):
+    d = started(tmp_path, world_size=3)
+    d.record(0, {"step": 4, "total": 20, "loss": 1.5})
+    d.record(1, {"loss": 2.0})  # no step/total: rank 1 gets no bar
+    d.record(7, {"step": 1, "total": 2})  # a rank the display does not have: ignored
+    assert d.panes[0].bar is None, "records are buffered until the next push"
+    time.sleep(d.interval_s)
+    d.tick()
+    bar = d.panes[0].bar
+    assert (bar.value, bar.max, bar.bar_style) == (5, 20, "")
+    assert d.panes[0].box.children[1].children == (bar, d.panes[0].bar_label)
+    assert ">5/20<" in d.panes[0].bar_label.value
+    assert d.panes[1].bar is None and len(d.panes[1].box.children) == 2
+    d.record(2, {"step": 0, "total": 3})
+    d.record(2, {"step": 2, "total": 3})
+    d.state(2, "done")
+    d.state(0, "failed")
+    ranks = [RankResult(rank=0, state="failed"), RankResult(rank=1, state="killed"),
+             RankResult(rank=2, state="done")]
+    d.finish(RunResult(ok=False, world_size=3, duration_s=1.0, log_dir=tmp_path / "run",
+                       ranks=ranks, reason="failed"))
+    assert (d.panes[2].bar.value, d.panes[2].bar.max) == (3, 3)
+    assert [p.bar and p.bar.bar_style for p in d.panes] == ["danger", None, "success"]
+    assert "left" not in d.panes[0].bar_label.value, "no estimate once a rank has ended"
+
+
+def test_a_bar_whose_total_shrinks_keeps_value_within_max(tmp_path, shown):
+    d = started(tmp_path, world_size=1)
+    d.record(0, {"step": 90, "total": 100})
+    d._push(time.monotonic())
+    d.record(0, {"step": 4, "total": 5})  # a new loop with fewer steps
+    d._push(time.monotonic())
+    assert (d.panes[0].bar.value, d.panes[0].bar.max) == (5, 5)
+
+
+PROGRESS_SCRIPT = """\
+from labutils.dist import init, report
+
+rank, world_size, device = init()
+for step in range(6):
+    report(step=step, total=6, rank_times_step=rank * step)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_launch_hands_each_report_to_the_display(write_script, runs_dir, shown):
+    from labutils import launch
+
+    d = lw.WidgetDisplay()
+    result = launch(write_script("progress.py", PROGRESS_SCRIPT), nproc=2, display=d)
+    assert result.ok, result.summary()
+    assert [(p.bar.value, p.bar.max, p.bar.bar_style) for p in d.panes] == [(6, 6, "success")] * 2
+    assert len(result.records) == 12, "the records still reach the result"
+
+
 @pytest.mark.parametrize("options", [{"lines": 0}, {"combined_lines": -1},
                                      {"updates_per_s": 0}, {"lines": "40"}])
 def test_bad_options_are_rejected(options):

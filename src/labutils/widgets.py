@@ -1,7 +1,8 @@
 """Live per-rank panes in JupyterLab: the widget display.
 
-One pane per rank (state badge, elapsed time, the rank's last lines), a combined
-view of every rank's lines in arrival order, launcher notes and a Stop button.
+One pane per rank (state badge, elapsed time, a progress bar once the rank
+reports ``step`` and ``total``, the rank's last lines), a combined view of every
+rank's lines in arrival order, launcher notes and a Stop button.
 The launcher calls every method from the thread that called launch() (the
 kernel's main thread), which is also where the widgets are created and shown.
 
@@ -35,6 +36,8 @@ from labutils.result import RunResult, _badge
 FINAL_STATES = ("done", "failed", "hung", "killed")
 MAX_LINE_CHARS = 1000  # a longer line is cut in the pane (never in the log file)
 STDERR_COLOR = "#cf222e"
+# The bar's colour once a rank has ended: green done, red failed, amber stopped.
+BAR_STYLES = {"done": "success", "failed": "danger", "hung": "warning", "killed": "warning"}
 
 
 class LineWindow:
@@ -101,21 +104,87 @@ def _elapsed(seconds: float) -> str:
     return f"{m}:{s:02d}" if m < 60 else f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class Progress:
+    """Steps done out of total for one rank, from report(step=..., total=...).
+
+    ``step`` counts from 0 like ``range(total)``: report(step=i, total=n) after step
+    i means i + 1 of n steps are done. The pace (and the time left) is measured
+    from the first report, so the start-up before the loop does not count.
+    """
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.total = 0
+        self._first: tuple[float, int] | None = None  # (time, done) of the first report
+        self._last_t = 0.0
+
+    def update(self, values: dict, now: float) -> bool:
+        """Take a record's values; False when they carry no step and total."""
+        step, total = values.get("step"), values.get("total")
+        if not (_count(step) and _count(total) and total >= 1):
+            return False
+        done = min(step + 1, total)
+        if self._first is None or done < self.done:  # the first report, or a restart
+            self._first = (now, done)
+        self.done, self.total, self._last_t = done, total, now
+        return True
+
+    def label(self, *, ended: bool = False) -> str:
+        """"12/40 · ~9 s left"; no estimate before the second report or once ended."""
+        text = f"{self.done}/{self.total}"
+        t0, done0 = self._first or (0.0, 0)
+        if not ended and done0 < self.done < self.total:
+            per_step = (self._last_t - t0) / (self.done - done0)
+            text += f" · ~{_elapsed(per_step * (self.total - self.done))} left"
+        return text
+
+
 class _RankPane:
     def __init__(self, rank: int, keep: int) -> None:
         self.rank = rank
         self.output = LineWindow(keep)
         self.state = "starting"
         self.ended_at: float | None = None
-        self.head = widgets.HTML()
-        self.body = widgets.HTML()
+        self.progress = Progress()
+        self.head = widgets.HTML().add_class("labutils-pane-head")
+        self.body = widgets.HTML().add_class("labutils-pane-body")
+        self.bar: widgets.IntProgress | None = None  # made at the first step/total report
+        self.bar_label = widgets.HTML().add_class("labutils-progress-label")
         self.box = widgets.VBox([self.head, self.body],
                                 layout=widgets.Layout(min_width="0", overflow="hidden"))
+        self.box.add_class("labutils-pane")
         self.dirty = True
+        self.progress_dirty = False
 
     def head_html(self, now: float, t0: float) -> str:
         return (f"<b>rank {self.rank}</b> {_badge(self.state)} "
                 f"<span style='color:#6e7781'>{_elapsed((self.ended_at or now) - t0)}</span>")
+
+    def show_progress(self) -> None:
+        """Send the bar's value (making the bar the first time) and its colour."""
+        if self.bar is None:
+            self.bar = widgets.IntProgress(min=0, layout=widgets.Layout(flex="1", width="auto"))
+            self.bar.add_class("labutils-progress")
+            row = widgets.HBox([self.bar, self.bar_label],
+                               layout=widgets.Layout(align_items="center", grid_gap="6px"))
+            self.box.children = (self.head, row, self.body)
+        p = self.progress
+        if self.bar.max != p.total or self.bar.value != p.done:
+            # max first when it grows, value first when it shrinks, so value <= max holds
+            if p.total >= self.bar.max:
+                self.bar.max, self.bar.value = p.total, p.done
+            else:
+                self.bar.value, self.bar.max = p.done, p.total
+        style = BAR_STYLES.get(self.state, "")
+        if self.bar.bar_style != style:
+            self.bar.bar_style = style
+        label = f"<span style='color:#57606a;font-size:12px'>{html.escape(p.label(ended=self.state in FINAL_STATES))}</span>"
+        if self.bar_label.value != label:
+            self.bar_label.value = label
 
 
 class WidgetDisplay(Display):
@@ -161,6 +230,7 @@ class WidgetDisplay(Display):
         self.stop = widgets.Button(description="Stop", icon="stop", button_style="danger",
                                    tooltip="stop every rank (SIGTERM, then SIGKILL)",
                                    layout=widgets.Layout(width="auto"))
+        self.stop.add_class("labutils-stop")
         self.stop_hint = widgets.HTML()
         self.combined_view = widgets.HTML()
         self.notes = widgets.HTML()
@@ -170,11 +240,13 @@ class WidgetDisplay(Display):
             layout=widgets.Layout(grid_template_columns=f"repeat({columns}, minmax(0, 1fr))",
                                   grid_gap="6px"))
         tabs = widgets.Tab([grid, self.combined_view], titles=("per rank", "all ranks, in order"))
+        self.notes.add_class("labutils-notes")
+        # The CSS classes name the parts for the browser tests (tests/e2e).
         self.root = widgets.VBox([
             widgets.HBox([self.stop, self.title, self.clock],
                          layout=widgets.Layout(align_items="center", grid_gap="8px")),
             self.stop_hint, tabs, self.notes,
-        ])
+        ]).add_class("labutils-run")
         # The button's clicks are wired before it is shown, so no click can go elsewhere.
         self.stop.on_click(lambda _button: self.stop_requested.set())
         if not _route_clicks_to_subshell(self.stop):
@@ -194,11 +266,17 @@ class WidgetDisplay(Display):
         self.combined.add(rank, stream, lines)
         self._combined_dirty = True
 
+    def record(self, rank: int, values: dict) -> None:
+        if 0 <= rank < len(self.panes) and self.panes[rank].progress.update(values,
+                                                                           time.monotonic()):
+            self.panes[rank].progress_dirty = True
+
     def state(self, rank: int, state: str) -> None:
         if 0 <= rank < len(self.panes) and self.panes[rank].state != state:
             pane = self.panes[rank]
             pane.state = state
             pane.ended_at = time.monotonic() if state in FINAL_STATES else None
+            pane.progress_dirty |= pane.bar is not None  # the bar's colour follows the state
 
     def note(self, text: str) -> None:
         self._notes.append(text)
@@ -232,6 +310,9 @@ class WidgetDisplay(Display):
                 path = os.path.join(self._log_dir, f"rank{pane.rank}", "{stream}.log")
                 pane.body.value = pane.output.html(prefix=False, earlier_in=path)
                 pane.dirty = False
+            if pane.progress_dirty:
+                pane.show_progress()
+                pane.progress_dirty = False
         if self._combined_dirty:
             path = os.path.join(self._log_dir, "rank*", "{stream}.log")
             self.combined_view.value = self.combined.html(prefix=True, earlier_in=path)
