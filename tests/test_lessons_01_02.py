@@ -1,0 +1,190 @@
+"""Lessons 01 and 02: their scripts, run for real with torchrun, against single-process references.
+
+The notebooks check the same things once, on the sizes they run; these tests add
+the world sizes and cases the notebooks leave out (ring at real world sizes 2 and 3,
+the exercise solutions, a DataParallel step on an uneven batch).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from labutils import launch
+
+REPO = Path(__file__).resolve().parent.parent
+
+LESSONS = REPO / "lessons"
+LESSON01 = LESSONS / "01_dp_vs_ddp"
+LESSON02 = LESSONS / "02_collectives"
+SOLUTIONS = REPO / "solutions" / "lessons"
+
+
+@pytest.fixture
+def lesson_modules(monkeypatch):
+    """Import lesson helper modules by their short names (model, ring, ...) for one test.
+
+    Other folders may have modules with the same names (a lab's ring.py): cached
+    ones are set aside for the test and restored afterwards.
+    """
+    def use(folder: Path, *names: str):
+        monkeypatch.syspath_prepend(str(folder))
+        for name in ("model", "data_parallel", "lesson01", "lesson02", "ring", *names):
+            if name in sys.modules:
+                monkeypatch.delitem(sys.modules, name)
+        import importlib
+
+        return [importlib.import_module(n) for n in names]
+    return use
+
+
+# ------------------------------------------------------------------ lesson 01, in process
+
+@pytest.mark.parametrize(("n_devices", "batch"), [(2, 16), (3, 16), (2, 15), (1, 4)])
+def test_thread_data_parallel_equals_one_process(lesson_modules, n_devices, batch):
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    reference = model_mod.make_model(**model_mod.PROOF)
+    replicated = model_mod.make_model(**model_mod.PROOF)
+    ref_opt, dp_opt = model_mod.make_optimizer(reference), model_mod.make_optimizer(replicated)
+    dp = dp_mod.ThreadDataParallel(replicated, n_devices)
+    for step in range(2):
+        x, y = model_mod.make_batch(step, batch, **model_mod.PROOF)
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+        dp.train_step(x, y, nn.functional.cross_entropy, dp_opt)
+    torch.testing.assert_close(model_mod.flat_params(replicated), model_mod.flat_params(reference))
+    work = dp.work_table()
+    assert [w["device"] for w in work] == list(range(n_devices))
+    assert all(w["forward"] > 0 and w["backward"] > 0 for w in work)
+    assert all(w["optimizer step"] == 0 for w in work[1:])  # only device 0 steps
+
+
+def test_thread_data_parallel_rejects_zero_devices(lesson_modules):
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    with pytest.raises(ValueError, match="n_devices"):
+        dp_mod.ThreadDataParallel(model_mod.make_model(**model_mod.PROOF), 0)
+
+
+def test_memory_table_puts_optimizer_and_batch_on_device_0(lesson_modules):
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    model = model_mod.make_model(**model_mod.PROOF)
+    rows = dp_mod.memory_table(model, n_devices=2, global_batch=16, inputs=32, classes=10)
+    params = sum(p.numel() for p in model.parameters()) * 4
+    assert rows[0]["optimizer state"] == params and rows[1]["optimizer state"] == 0
+    assert rows[0]["input batch"] == 16 * 32 * 4 and rows[1]["input batch"] == 8 * 32 * 4
+    assert rows[0]["total"] > rows[1]["total"]
+
+
+@pytest.mark.parametrize(("factor", "verdict"), [(8, "correct"), (1, "not quite"), (16, "not quite")])
+def test_sum_loss_exercise_check(lesson_modules, capsys, factor, verdict):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    lesson01.check_sum_loss_factor(factor)
+    assert capsys.readouterr().out.startswith(verdict)
+
+
+# ------------------------------------------------------------------ lesson 01, real runs
+
+@pytest.mark.slow
+def test_ddp_equals_one_process_with_the_whole_batch(lesson_modules, runs_dir, capsys):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    result = launch(LESSON01 / "ddp_train.py", nproc=2, display="none", timeout=240,
+                    args=["--timing-steps", "0", "--per-rank-batch", "4", "--steps", "2"])
+    assert result.ok, result.summary()
+    after = lesson01.part(result.records, "construction")
+    assert len({r["checksum_after"] for r in after}) == 1
+    assert len({r["checksum_before"] for r in after}) == 2
+    assert all(r["ddp_minus_mean_of_local"] <= 1e-6 for r in lesson01.part(result.records, "backward"))
+    assert all(r["max_diff_to_rank0"] == 0 for r in lesson01.part(result.records, "after steps"))
+    assert "ValueError" in lesson01.one(result.records, "device_ids on a CPU module")["error"]
+    lesson01.check_equivalence(result.records, world_size=2, per_rank_batch=4)  # raises on mismatch
+    assert "gives the same gradient: False" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_manual_ddp_solution_matches_reference(lesson_modules, runs_dir):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    result = launch(SOLUTIONS / "01_dp_vs_ddp" / "exercise_manual_ddp.py", nproc=2,
+                    display="none", timeout=240)
+    assert result.ok, result.summary()
+    rec = next(r for r in result.records if r["rank"] == 0)
+    _, reference = lesson01.reference_run(global_batch=2 * rec["per_rank_batch"], steps=rec["steps"])
+    torch.testing.assert_close(torch.tensor(rec["params"]), reference)
+
+
+def test_exercise_checks_skip_unattempted_exercises(lesson_modules, capsys):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    lesson01.check_manual_ddp()
+    lesson02.check_parity_ring()
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["not attempted yet", "not attempted yet"]
+
+
+# ------------------------------------------------------------------ lesson 02
+
+def ring_bytes_solution(numel: int, n: int, rank: int) -> int:
+    """Exercise 1 of lesson 02, solved: every chunk but one in each of the two phases."""
+    sizes = [numel // n + (1 if i < numel % n else 0) for i in range(n)]
+    return 4 * (2 * numel - sizes[(rank + 1) % n] - sizes[(rank + 2) % n])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ring_matches_all_reduce_at_real_world_sizes(lesson_modules, runs_dir, capsys, nproc):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    result = launch(LESSON02 / "ring_bench.py", nproc=nproc, display="none", timeout=240,
+                    args=["--check-only"])
+    assert result.ok, result.summary()  # ring_bench.py asserts ring == dist.all_reduce itself
+    checks = [r for r in result.records if "check" in r]
+    assert [r["group_size"] for r in checks] == list(range(2, nproc + 1))
+    assert all(r["max_abs_diff"] < 1e-12 for r in checks)
+    ring = [r for r in result.records if r.get("traffic") == "ring" and r["group_size"] == nproc]
+    mean_ratio = sum(r["sent"] for r in ring) / len(ring) / ring[0]["data_bytes"]
+    assert mean_ratio == pytest.approx(2 * (nproc - 1) / nproc, rel=1e-3)
+    lesson02.check_ring_bytes(ring_bytes_solution, result.records)
+    assert capsys.readouterr().out.startswith("correct")
+
+
+@pytest.mark.slow
+def test_parity_ring_solution_does_not_deadlock(runs_dir):
+    result = launch(SOLUTIONS / "02_collectives" / "exercise_parity_ring.py", nproc=3,
+                    display="none", hang_timeout=10, timeout=240)
+    assert result.ok, result.summary()
+    assert [r["sizes_checked"] for r in result.records] == [7, 7, 7]
+
+
+@pytest.mark.slow
+def test_blocking_ring_deadlocks_and_is_diagnosed(runs_dir):
+    result = launch(LESSON02 / "ring_deadlock.py", nproc=2, display="none", hang_timeout=3,
+                    timeout=240)
+    assert result.reason == "hang", result.summary()
+    assert set(result.hang.calls.values()) == {"send"}
+    assert result.hang.stragglers == []
+
+
+def test_check_ring_bytes_reports_wrong_formula(lesson_modules, capsys):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    records = [{"rank": r, "traffic": "ring", "group_size": 3, "data_bytes": 4004,
+                "sent": ring_bytes_solution(1001, 3, r)} for r in range(3)]
+    lesson02.check_ring_bytes(ring_bytes_solution, records)
+    assert capsys.readouterr().out.startswith("correct: your formula matches all 3")
+    lesson02.check_ring_bytes(lambda numel, n, rank: 2 * (n - 1) * numel * 4 // n, records)
+    assert "hint: tensor_split" in capsys.readouterr().out
+
+
+def test_bandwidth_helpers(lesson_modules):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    records = [{"rank": 0, "algorithm": a, "nbytes": s, "seconds": 1e-4 + s / f}
+               for a, f in (("library", 2e9), ("ring", 1e9)) for s in (8, 1024, 2**20)]
+    series = lesson02.bandwidth_series(records)
+    assert list(series) == ["library", "ring"] and series["ring"][0] == [8, 1024, 2**20]
+    table = lesson02.bandwidth_table(series, world_size=4, metric="busbw").splitlines()
+    assert table[0].split() == ["size", "floats", "library", "ring"] and len(table) == 5
+    fits = lesson02.fit_all(series)
+    assert fits["ring"].beta_Bps == pytest.approx(1e9, rel=1e-6)
+    assert "1 MiB" in lesson02.fit_table(fits, series, world_size=4)
