@@ -27,13 +27,14 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from labutils.diagnosis import parse_faulthandler
-
+_FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ', re.M)
+_TRACEBACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+)', re.M)
 DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_RUN_TIMEOUT = 90.0
 
@@ -141,10 +142,13 @@ class CheckResult:
 class Run:
     """One launch of a learner's script, as the checks see it."""
 
-    def __init__(self, *, label: str, result=None, error: str = "", learner_dir: Path) -> None:
+    def __init__(self, *, label: str, result=None, error: str = "", skipped: str = "",
+                 learner_dir: Path, edit: tuple[str, ...] = ()) -> None:
         self.label = label
-        self.result = result          # labutils.RunResult, or None if it could not start
+        self.edit = edit              # names of the files the learner edits
+        self.result = result          # labutils.RunResult, or None if it did not start
         self.error = error            # why it could not start
+        self.skipped = skipped        # why it was not even tried
         self.learner_dir = learner_dir
 
     @property
@@ -176,7 +180,7 @@ class Run:
     def problem(self) -> str:
         """One paragraph saying how the run went wrong ('' when it went well)."""
         if self.result is None:
-            return f"could not start: {self.error}"
+            return self.skipped or f"could not start: {self.error}"
         res = self.result
         if res.ok:
             return ""
@@ -199,8 +203,17 @@ class Run:
             return f"failed: rank {f.rank} raised {f.exc_type}: {message[:200]} (at {spot})"
         return f"ended with '{res.reason}'"
 
-    # The launcher names the line in the script it was given; under the probe that is
-    # the probe, so find the innermost frame in the learner's own files instead.
+    # The launcher names the line of the script it launched: a harness or the probe.
+    # The learner wants the innermost line of the files they edit (any of their
+    # folder's files if the lab does not say which).
+    def _spot(self, frames: list[tuple[str, str]]) -> str:
+        """'file:line' of the innermost frame in the learner's files; frames innermost first."""
+        mine = [(f, line) for f, line in frames if self._is_learner_file(f)]
+        edited = [(f, line) for f, line in mine if Path(f).name in self.edit] if self.edit else []
+        for f, line in edited or mine:
+            return f"{Path(f).name}:{line}"
+        return ""
+
     def _is_learner_file(self, filename: str) -> bool:
         try:
             return Path(filename).resolve().is_relative_to(self.learner_dir.resolve())
@@ -208,27 +221,19 @@ class Run:
             return False
 
     def _learner_frame(self, stack_text: str) -> str:
-        for frame in parse_faulthandler(stack_text, None):
-            if self._is_learner_file(frame.file):
-                return f"{Path(frame.file).name}:{frame.line}"
-        return ""
+        """From a faulthandler dump (every thread, innermost frame first)."""
+        return self._spot(_FAULTHANDLER_FRAME.findall(stack_text))
 
     def _learner_frame_from_traceback(self, tb: str) -> str:
-        spot = ""
-        for line in tb.splitlines():
-            line = line.strip()
-            if line.startswith('File "'):
-                name, _, rest = line[6:].partition('", line ')
-                if self._is_learner_file(name):
-                    spot = f"{Path(name).name}:{rest.split(',')[0]}"
-        return spot
+        """From a Python traceback (outermost frame first)."""
+        return self._spot(list(reversed(_TRACEBACK_FRAME.findall(tb))))
 
     def summary(self) -> dict:
         res = self.result
         return {
             "label": self.label,
             "ok": self.ok,
-            "reason": res.reason if res is not None else "not started",
+            "reason": res.reason if res is not None else ("skipped" if self.skipped else "not started"),
             "duration_s": round(res.duration_s, 2) if res is not None else 0.0,
             "restarts": self.restarts,
             "problem": self.problem,
@@ -247,15 +252,16 @@ class Checker:
         learner_dir: the folder with the learner's scripts (a private copy).
         checks_dir: the folder of the lab's own files (checks.py and its helpers).
         scratch: a folder for run folders and each run's working directory.
-        cache: runs shared between the checks of one grading, keyed by their launch.
+        edit: the names of the files learners edit (failures point into these first).
     """
 
-    def __init__(self, learner_dir: Path, checks_dir: Path, scratch: Path,
-                 cache: dict | None = None) -> None:
+    def __init__(self, learner_dir: Path, checks_dir: Path, scratch: Path, *,
+                 edit: tuple[str, ...] = ()) -> None:
         self.learner_dir = Path(learner_dir)
+        self.edit = tuple(edit)
         self.checks_dir = Path(checks_dir)
         self.scratch = Path(scratch)
-        self.cache = {} if cache is None else cache
+        self.cache: dict = {}  # (launch, nproc) -> Run, shared by the checks of one grading
         self.parts: list[Part] = []
 
     def learner_file(self, name: str) -> Path:
@@ -294,15 +300,24 @@ class Checker:
         path = script if isinstance(script, Path) else self.learner_file(str(script))
         args = [str(a) for a in args]
         measure = tuple(sorted(measure))
-        key = json.dumps([str(path), nproc, args, measure, fault, max_restarts])
-        if key in self.cache:
-            return self.cache[key]
+        family = json.dumps([str(path), args, measure, fault, max_restarts])
+        if (family, nproc) in self.cache:
+            return self.cache[family, nproc]
         label = f"{path.name} on {nproc} rank{'s' if nproc > 1 else ''}"
         if args:
             label += " " + " ".join(args)
-        run = self._launch(path, nproc, args, measure, fault, max_restarts, timeout,
-                           hang_timeout, label)
-        self.cache[key] = run
+        # World sizes are tried smallest first; a script that crashed or hung at fewer
+        # ranks is not launched again at more (it saves a hang timeout per world size).
+        broken = [(n, run) for (f, n), run in self.cache.items()
+                  if f == family and n < nproc and run.result is not None
+                  and run.result.reason in ("failed", "hang", "timeout")]
+        if broken:
+            n, run = min(broken, key=lambda item: item[0])
+            run = self._run(label, skipped=f"not tried, since it did not finish at {n} ranks")
+        else:
+            run = self._launch(path, nproc, args, measure, fault, max_restarts, timeout,
+                               hang_timeout, label)
+        self.cache[family, nproc] = run
         return run
 
     def _launch(self, path, nproc, args, measure, fault, max_restarts, timeout,
@@ -312,8 +327,7 @@ class Checker:
         from labutils.launcher import launch
 
         if not Path(path).exists():
-            return Run(label=label, error=f"{Path(path).name} is missing",
-                       learner_dir=self.learner_dir)
+            return self._run(label, error=f"{Path(path).name} is missing")
         workdir = self.scratch / f"run{len(self.cache) + 1}"
         workdir.mkdir(parents=True, exist_ok=True)
         options = dict(args=args, hang_timeout=hang_timeout, timeout=timeout,
@@ -327,10 +341,13 @@ class Checker:
             else:
                 result = launch(path, nproc, **options)
         except LaunchConfigError as exc:
-            return Run(label=label, error=str(exc), learner_dir=self.learner_dir)
+            return self._run(label, error=str(exc))
         finally:
             os.chdir(here)
-        return Run(label=label, result=result, learner_dir=self.learner_dir)
+        return self._run(label, result=result)
+
+    def _run(self, label: str, **outcome) -> Run:
+        return Run(label=label, learner_dir=self.learner_dir, edit=self.edit, **outcome)
 
     # ------------------------------------------------------------------ recording
     def expect(self, passed: bool, label: str, *, measured: Any = "", expected: Any = "",

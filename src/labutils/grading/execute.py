@@ -157,6 +157,8 @@ def execute(notebook: str, output: str, *, parameters: dict, timeout: float,
         outcome = {"status": status, "ename": name, "evalue": str(exc)[:500]}
     client = engine.client
     if client is not None:
+        if client.output_killed and outcome["status"] in ("completed", "kernel_died"):
+            outcome, index = {"status": "output_limit"}, client.current_cell
         if index is None and outcome["status"] != "completed":
             index = client.current_cell  # the kernel died or the output flooded here
         if index is not None:

@@ -71,23 +71,25 @@ def restore_locked_cells(submitted, lab) -> tuple[nbformat.NotebookNode, list[st
     """
     locked = [(i, c) for i, c in enumerate(lab.cells) if is_locked(c)]
     by_id = {c.get("id"): (i, c) for i, c in locked}
+    lab_index = {c.get("id"): i for i, c in enumerate(lab.cells)}
     out, notes, placed = [], [], set()
 
-    def place_missing_before(lab_index: int) -> None:
+    def place_missing_before(index: int) -> None:
         for i, cell in locked:
-            if i < lab_index and cell.get("id") not in placed:
+            if i < index and cell.get("id") not in placed:
                 out.append(_copy(cell))
                 placed.add(cell.get("id"))
                 notes.append(f"locked cell '{cell.get('id')}' was removed; the grader put it back")
 
     for cell in submitted.cells:
         cid = cell.get("id")
+        if cid in lab_index:  # a cell of the lab: missing locked cells before it come first
+            place_missing_before(lab_index[cid])
         if cid in by_id:
-            lab_index, lab_cell = by_id[cid]
             if cid in placed:
                 notes.append(f"locked cell '{cid}' appeared twice; it runs once")
                 continue
-            place_missing_before(lab_index)
+            lab_cell = by_id[cid][1]
             if cell.get("cell_type") != lab_cell.cell_type or not _same(cell.get("source", ""),
                                                                        lab_cell.source):
                 notes.append(f"locked cell '{cid}' was edited; the grader ran the lab's version")

@@ -51,7 +51,9 @@ def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
     on_result(CheckResult) is called as each check finishes.
     """
     module = load_checks(checks_dir)
-    checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch)
+    config = Path(module.__file__).resolve().parent / "lab.json"
+    edit = json.loads(config.read_text()).get("edit", []) if config.is_file() else []
+    checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch, edit=edit)
     results = []
     for fn in collect_checks(module):
         results.append(run_check(fn, checker))

@@ -40,7 +40,10 @@ GRADER_FILES = {"checks.py", "lab.json"}  # the lab's, never copied into the lea
 MAX_FILE_BYTES = 5 << 20
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_RESULT_LINE = 8 << 20
-POLL_S = 0.2
+POLL_S = 0.2          # how soon the end of a phase is noticed
+TREE_EVERY_S = 1.0    # memory and process count of the tree
+DISK_EVERY_S = 3.0    # bytes written in the working copy
+MAX_FILES = 500
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV",
             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
 
@@ -111,7 +114,7 @@ class Supervisor:
                 (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
                 (self.work / rel).write_bytes(data)
         folder, notebook = self._submission()
-        locked, total = self._locked_files(), 0
+        locked, total, copied, skipped = self._locked_files(), 0, 0, []
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder).as_posix()
             if any(part in SKIP_DIRS or part.startswith(".") for part in Path(rel).parts):
@@ -129,13 +132,18 @@ class Supervisor:
                     self.notes.append(f"{what} differ{'s' if what == rel else ''} from the lab's "
                                       "copy; the grader used its own")
                 continue
-            if data_size > MAX_FILE_BYTES or total + data_size > MAX_SUBMISSION_BYTES:
-                self.notes.append(f"{rel} was not used: the grader takes files up to "
-                                  f"{MAX_FILE_BYTES >> 20} MB, {MAX_SUBMISSION_BYTES >> 20} MB in all")
+            if data_size > MAX_FILE_BYTES or total + data_size > MAX_SUBMISSION_BYTES or \
+                    copied >= MAX_FILES:
+                skipped.append(rel)
                 continue
-            total += data_size
+            total, copied = total + data_size, copied + 1
             (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, self.work / rel)
+        if skipped:
+            self.notes.append(f"{len(skipped)} file(s) were not used ({', '.join(skipped[:5])}"
+                              f"{', ...' if len(skipped) > 5 else ''}): the grader takes {MAX_FILES} "
+                              f"files of up to {MAX_FILE_BYTES >> 20} MB, "
+                              f"{MAX_SUBMISSION_BYTES >> 20} MB in all")
         if notebook is None:
             return None, (f"no notebook found in {folder.name}/ (expected "
                           f"{self.config['notebook']})")
@@ -209,12 +217,16 @@ class Supervisor:
         return phase
 
     def _watch(self, proc: subprocess.Popen, phase: Phase, deadline: float, timeout: float) -> None:
-        last_disk = 0.0
+        last_tree = last_disk = 0.0
         while proc.poll() is None:
+            time.sleep(POLL_S)
             now = time.monotonic()
             if now >= deadline:
                 phase.ended, phase.detail = "timeout", f"did not finish within {timeout:g} s"
                 return
+            if now - last_tree < TREE_EVERY_S:
+                continue
+            last_tree = now
             size = procs.tree_size(proc.pid)
             if size.rss_bytes > self.limits["tree_memory_bytes"]:
                 phase.ended = "memory"
@@ -226,7 +238,7 @@ class Supervisor:
                 phase.detail = (f"ran {size.processes} processes at once, more than the "
                                 f"{self.limits['processes']} allowed")
                 return
-            if now - last_disk > 2:
+            if now - last_disk > DISK_EVERY_S:
                 last_disk = now
                 limit = self.limits["disk_bytes"]
                 used = procs.folder_bytes(self.work, limit=limit) + procs.folder_bytes(
@@ -236,7 +248,6 @@ class Supervisor:
                     phase.detail = f"wrote more than {limit >> 20} MB of files"
                     return
             procs.reap_children(keep={proc.pid})
-            time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ grade
     def notebook_test(self, notebook: Path | None, problem: str) -> tuple[dict, dict]:
