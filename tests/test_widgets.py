@@ -122,6 +122,28 @@ def test_states_notes_and_finish(tmp_path, shown):
     assert d.stop.disabled
 
 
+def test_panes_name_the_root_cause_its_victims_and_the_straggler(tmp_path, shown):
+    from labutils.diagnosis import Failure, Hang
+
+    d = started(tmp_path, world_size=3)
+    failure = Failure(rank=1, exc_type="ValueError", message="bad", file="t.py", line=3,
+                      traceback="", victims=[0])
+    ranks = [RankResult(rank=0, state="failed", victim=True), RankResult(rank=1, state="failed"),
+             RankResult(rank=2, state="killed")]
+    d.finish(RunResult(ok=False, world_size=3, duration_s=1.0, log_dir=tmp_path / "run",
+                       ranks=ranks, failure=failure, reason="failed"))
+    heads = [p.head.value for p in d.panes]
+    assert "victim of rank 1" in heads[0] and "root cause" in heads[1]
+    assert "&middot;" not in heads[2], "a rank stopped by the launcher plays no part"
+
+    d = started(tmp_path, world_size=2)
+    hang = Hang(stacks={}, waiting={0: "t.py:5", 1: "t.py:9"}, stragglers=[1])
+    d.finish(RunResult(ok=False, world_size=2, duration_s=1.0, log_dir=tmp_path / "run",
+                       ranks=[RankResult(rank=0, state="hung"), RankResult(rank=1, state="hung")],
+                       hang=hang, reason="hang"))
+    assert "straggler" not in d.panes[0].head.value and "straggler" in d.panes[1].head.value
+
+
 def test_stop_click_sets_the_flag_the_launcher_polls(tmp_path, shown):
     d = started(tmp_path)
     d.stop.click()

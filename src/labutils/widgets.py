@@ -31,7 +31,7 @@ from IPython.display import display
 from labutils import runfiles
 from labutils.display import Display, _rel
 from labutils.errors import LaunchConfigError
-from labutils.result import RunResult, _badge
+from labutils.result import RankResult, RunResult, _badge
 
 FINAL_STATES = ("done", "failed", "hung", "killed")
 MAX_LINE_CHARS = 1000  # a longer line is cut in the pane (never in the log file)
@@ -93,7 +93,9 @@ def _scroll_box(body: str, height: str = "18em") -> str:
     # column-reverse keeps the scroll position at the bottom, where new lines arrive.
     return (f"<div style='display:flex;flex-direction:column-reverse;max-height:{height};"
             "overflow:auto;border:1px solid #d0d7de;border-radius:4px'>"
-            f"<pre style='margin:0;padding:4px;font-size:12px;line-height:1.3'>{body}</pre></div>")
+            # flex:none: JupyterLab's CSS would let the pre shrink and clip its end, not scroll.
+            f"<pre style='flex:none;margin:0;padding:4px;font-size:12px;line-height:1.3'>"
+            f"{body}</pre></div>")
 
 
 def _elapsed(seconds: float) -> str:
@@ -149,6 +151,7 @@ class _RankPane:
         self.output = LineWindow(keep)
         self.state = "starting"
         self.ended_at: float | None = None
+        self.role = ""  # set at the end: "root cause", "victim of rank N", "straggler"
         self.progress = Progress()
         self.head = widgets.HTML().add_class("labutils-pane-head")
         self.body = widgets.HTML().add_class("labutils-pane-body")
@@ -161,8 +164,9 @@ class _RankPane:
         self.progress_dirty = False
 
     def head_html(self, now: float, t0: float) -> str:
+        role = f" <b style='color:#57606a'>&middot; {html.escape(self.role)}</b>" if self.role else ""
         return (f"<b>rank {self.rank}</b> {_badge(self.state)} "
-                f"<span style='color:#6e7781'>{_elapsed((self.ended_at or now) - t0)}</span>")
+                f"<span style='color:#6e7781'>{_elapsed((self.ended_at or now) - t0)}</span>{role}")
 
     def show_progress(self) -> None:
         """Send the bar's value (making the bar the first time) and its colour."""
@@ -290,6 +294,8 @@ class WidgetDisplay(Display):
     def finish(self, result: RunResult) -> None:
         for rank in result.ranks:
             self.state(rank.rank, rank.state)
+            if 0 <= rank.rank < len(self.panes):
+                self.panes[rank.rank].role = _role(result, rank)
         self._push(time.monotonic())
         self.stop.disabled, self.stop.description = True, "Stop"
         self.stop_hint.value = ""
@@ -327,6 +333,17 @@ class WidgetDisplay(Display):
     def _set(widget: widgets.HTML, value: str) -> None:
         if widget.value != value:  # an unchanged value would still cost a message
             widget.value = value
+
+
+def _role(result: RunResult, rank: RankResult) -> str:
+    """What a rank's pane says it was in the run's end: the one to read first, or not."""
+    if result.failure and rank.rank == result.failure.rank:
+        return "root cause"
+    if result.failure and rank.victim:
+        return f"victim of rank {result.failure.rank}"
+    if result.hang and rank.rank in result.hang.stragglers:
+        return "straggler"
+    return ""
 
 
 _subshells: dict[int, str] = {}  # id(kernel) -> the subshell that takes Stop clicks
