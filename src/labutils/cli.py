@@ -17,29 +17,89 @@ def _launch_parser(sub) -> None:
         "summary at the end. Exit status: 0 ok, 1 a rank failed, 2 usage error, "
         "3 hang detected, 4 timeout, 130 interrupted.",
     )
-    p.add_argument("-n", "--nproc", type=int, default=2, help="ranks on this machine (default 2)")
+    p.add_argument("-n", "--nproc", type=int, default=2,
+                   help="ranks per agent; with one agent, on this machine (default 2)")
     p.add_argument("script", help="the training script (.py)")
     p.add_argument("--hang-timeout", type=float, default=30.0,
                    help="seconds without progress before a hang is reported (0: never)")
     p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a failure")
+    p.add_argument("--nnodes", default="1",
+                   help="torchrun --nnodes, N or MIN:MAX; the nodes are agents on this machine "
+                   "joining one c10d rendezvous (default 1)")
+    p.add_argument("--local-agents", type=int, default=None,
+                   help="agents started on this machine, each with -n ranks (default: MAX)")
+    p.add_argument("--rdzv-conf", default=None,
+                   help="rendezvous settings KEY=VALUE,... e.g. last_call_timeout=5")
+    fault = p.add_argument_group(
+        "fault injection", "kill something at a step the script reports with "
+        "labutils.dist.report(step=...); needs --max-restarts >= 1")
+    who = fault.add_mutually_exclusive_group()
+    who.add_argument("--kill-rank", type=int, default=None,
+                     help="SIGKILL this rank inside its report(step=STEP) in the first attempt")
+    who.add_argument("--kill-agent", type=int, default=None,
+                     help="SIGKILL this agent and its ranks when any rank reports STEP "
+                     "(a node leaves; needs --nnodes MIN:MAX with several agents)")
+    fault.add_argument("--kill-at-step", default=None, metavar="STEP",
+                       help="the step, or LO:HI for a step drawn with --fault-seed")
+    fault.add_argument("--fault-seed", type=int, default=0, help="seed for a LO:HI step (default 0)")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--log-dir", default=None, help="where run folders go (default ./runs)")
     p.add_argument("--json", dest="json_file", default=None, help="write the run summary here")
     p.epilog = "Arguments for the script go after --: labutils launch -n 4 train.py -- --epochs 2"
 
 
+def _fault(ns: argparse.Namespace) -> dict | None:
+    """The fault= argument of launch() from --kill-rank/--kill-agent and --kill-at-step."""
+    who = ("rank", ns.kill_rank) if ns.kill_rank is not None else \
+        ("agent", ns.kill_agent) if ns.kill_agent is not None else None
+    if who is None and ns.kill_at_step is None:
+        return None
+    if who is None or ns.kill_at_step is None:
+        raise LaunchConfigError(
+            "fault", expected="--kill-rank R (or --kill-agent A) together with --kill-at-step S",
+            given=f"--kill-at-step {ns.kill_at_step}" if who is None else f"--kill-{who[0]} {who[1]}",
+            fix="pass both, e.g. --kill-rank 1 --kill-at-step 5 --max-restarts 1")
+    text = ns.kill_at_step
+    try:
+        lo, _, hi = text.partition(":")
+        step = (int(lo), int(hi)) if hi else int(lo)
+    except ValueError:
+        raise LaunchConfigError("--kill-at-step", expected="a step S or a range LO:HI", given=text,
+                                fix="pass e.g. --kill-at-step 5 or --kill-at-step 3:8") from None
+    fault = {who[0]: who[1], "step": step}
+    if isinstance(step, tuple):
+        fault["seed"] = ns.fault_seed
+    return fault
+
+
+def _rdzv_conf(text: str | None) -> dict | None:
+    if not text:
+        return None
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    if any(not k or not sep for k, sep, _ in pairs):
+        raise LaunchConfigError("--rdzv-conf", expected="KEY=VALUE pairs separated by commas",
+                                given=text, fix="pass e.g. --rdzv-conf last_call_timeout=5")
+    return {k: v for k, _, v in pairs}
+
+
+def launch_kwargs(ns: argparse.Namespace) -> dict:
+    """launch()'s keyword arguments from the parsed command line (display aside)."""
+    return dict(
+        args=ns.script_args, backend=ns.backend, hang_timeout=ns.hang_timeout or None,
+        timeout=ns.timeout, max_restarts=ns.max_restarts, log_dir=ns.log_dir,
+        nnodes=int(ns.nnodes) if ns.nnodes.isdigit() else ns.nnodes,
+        local_agents=ns.local_agents, fault=_fault(ns), rdzv_conf=_rdzv_conf(ns.rdzv_conf),
+    )
+
+
 def _cmd_launch(ns: argparse.Namespace) -> int:
     from labutils.display import TextDisplay
     from labutils.launcher import last_result, launch
 
-    script_args = ns.script_args
+    kwargs = launch_kwargs(ns)
     try:
-        result = launch(
-            ns.script, ns.nproc, args=script_args, backend=ns.backend,
-            hang_timeout=ns.hang_timeout or None, timeout=ns.timeout,
-            max_restarts=ns.max_restarts, log_dir=ns.log_dir, display=TextDisplay(limit=None),
-        )
+        result = launch(ns.script, ns.nproc, display=TextDisplay(limit=None), **kwargs)
     except KeyboardInterrupt:
         result = last_result()
         if result is not None and ns.json_file:

@@ -12,8 +12,19 @@ from pathlib import Path
 from labutils.errors import LaunchConfigError, ScriptSyntaxError
 
 MAX_NPROC = 64  # per node; more than this on one machine is a typo, not a plan
+MAX_LOCAL_AGENTS = 8  # agents ("nodes") simulated on one machine
 BACKENDS = ("auto", "gloo", "nccl")
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"
+# Rendezvous settings for runs with several agents or an elastic --nnodes MIN:MAX, tuned
+# for agents on one machine: torch's defaults (30 s last call, 15 s to declare a silent
+# agent dead, 600 s to join) are made for clusters and would make a membership change
+# take most of a minute. Seconds, as torchrun's --rdzv-conf takes them.
+ELASTIC_RDZV_CONF = {
+    "join_timeout": "60",           # give up when MIN agents have not met after this long
+    "last_call_timeout": "3",       # once MIN agents are there, wait this long for more
+    "keep_alive_interval": "1",     # each agent's heartbeat period
+    "keep_alive_max_attempt": "3",  # missed heartbeats before an agent counts as dead
+}
 
 
 @dataclass
@@ -27,13 +38,44 @@ class LaunchSpec:
     hang_timeout: float | None = 30.0
     timeout: float | None = None
     max_restarts: int = 0
-    nnodes: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    local_agents: int = 1  # torchrun agents started on this machine, each one a "node"
     env: dict[str, str] = field(default_factory=dict)
-    fault: dict | None = None  # {"rank": R, "step": S}: SIGKILL rank R when it reports step S
+    # Checked faults, one per attempt at most: {"restart": k, "rank": R, "step": S
+    # [, "phase": P]} SIGKILLs rank R when it reports step S in restart k;
+    # {"restart": k, "agent": A, "step": S} stops agent A and its ranks when any rank
+    # reports step S in attempt k.
+    faults: list[dict] = field(default_factory=list)
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
-        return self.nproc * self.nnodes
+        """The most ranks this machine runs at once: nproc per agent, every agent."""
+        return self.nproc * self.local_agents
+
+    @property
+    def elastic(self) -> bool:
+        """Several agents, or a node count that may change (--nnodes MIN:MAX)."""
+        return self.local_agents > 1 or self.min_nodes != self.max_nodes
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes value: "N" or "MIN:MAX"."""
+        if self.min_nodes == self.max_nodes:
+            return str(self.min_nodes)
+        return f"{self.min_nodes}:{self.max_nodes}"
+
+    @property
+    def fault(self) -> dict | None:
+        """The fault of the first attempt, as it was asked for (None: no fault)."""
+        first = [f for f in self.faults if f["restart"] == 0]
+        return public_fault(first[0]) if first else None
+
+
+def public_fault(fault: dict) -> dict:
+    """A checked fault without the launcher's bookkeeping (what result.attempts shows)."""
+    return {k: v for k, v in fault.items() if k != "restart"}
 
 
 def _number(name: str, value, *, allow_none: bool, minimum: float, fix: str) -> float | None:
@@ -72,23 +114,12 @@ def check_script(script: str | os.PathLike) -> Path:
     return path.resolve()
 
 
-def check_fault(fault, world_size: int, max_restarts: int) -> dict | None:
-    """A fault-injection request as {"rank": R, "step": S}, resolving a random step.
+_FAULT_FIX = ('pass fault={"rank": 1, "step": 5}, {"rank": 1, "step": (3, 8), "seed": 0}, '
+              '{"agent": 1, "step": 5} or a list of such dicts, one per attempt')
 
-    Accepts {"rank": R, "step": S} or {"rank": R, "step": (lo, hi), "seed": k}: a step
-    drawn from lo..hi (inclusive) with that seed, so the run can be repeated.
-    """
-    if fault is None:
-        return None
-    fix = 'pass fault={"rank": 1, "step": 5} or {"rank": 1, "step": (3, 8), "seed": 0}'
-    if not isinstance(fault, dict) or set(fault) - {"rank", "step", "seed"} or \
-            "rank" not in fault or "step" not in fault:
-        raise LaunchConfigError("fault", expected="a dict with 'rank' and 'step'", given=fault,
-                                fix=fix)
-    rank, step = fault["rank"], fault["step"]
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise LaunchConfigError("fault rank", expected=f"a rank in 0..{world_size - 1}",
-                                given=rank, fix=fix)
+
+def _fault_step(fault: dict):
+    step = fault["step"]
     if isinstance(step, (tuple, list)) and len(step) == 2 and all(
             isinstance(v, int) and not isinstance(v, bool) for v in step) and 0 <= step[0] <= step[1]:
         import random
@@ -96,13 +127,133 @@ def check_fault(fault, world_size: int, max_restarts: int) -> dict | None:
         step = random.Random(fault.get("seed", 0)).randint(step[0], step[1])
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise LaunchConfigError("fault step", expected="a step >= 0 or a (low, high) range",
-                                given=fault["step"], fix=fix)
-    if max_restarts < 1:
+                                given=fault["step"], fix=_FAULT_FIX)
+    return step
+
+
+def _one_fault(fault, world_size: int, local_agents: int, min_nodes: int) -> dict:
+    """One fault as {"rank": R, "step": S[, "phase": P]} or {"agent": A, "step": S}."""
+    keys = set(fault) if isinstance(fault, dict) else set()
+    if not isinstance(fault, dict) or "step" not in fault or \
+            len(keys & {"rank", "agent"}) != 1 or keys - {"rank", "agent", "step", "seed", "phase"}:
+        raise LaunchConfigError("fault", expected="a dict with 'rank' and 'step' (or 'agent' and 'step')",
+                                given=fault, fix=_FAULT_FIX)
+    if "agent" in fault:
+        agent = fault["agent"]
+        if local_agents < 2:
+            raise LaunchConfigError(
+                "fault agent", expected="a run with several agents", given=f"local_agents={local_agents}",
+                fix='pass e.g. nnodes="1:2", local_agents=2 to have an agent that can leave')
+        if isinstance(agent, bool) or not isinstance(agent, int) or not 1 <= agent < local_agents:
+            raise LaunchConfigError(
+                "fault agent", expected=f"an agent in 1..{local_agents - 1} (agent 0 hosts the "
+                "rendezvous: without it no agent can meet again)", given=agent, fix=_FAULT_FIX)
+        if local_agents - 1 < min_nodes:
+            raise LaunchConfigError(
+                "fault agent", expected=f"nnodes MIN <= {local_agents - 1} so the agents left "
+                "can carry on", given=f"MIN={min_nodes}",
+                fix=f'pass nnodes="{local_agents - 1}:{local_agents}"')
+        if "phase" in fault:
+            raise LaunchConfigError("fault", expected="no 'phase' for an agent fault",
+                                    given=fault, fix=_FAULT_FIX)
+        return {"agent": agent, "step": _fault_step(fault)}
+    rank = fault["rank"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise LaunchConfigError("fault rank", expected=f"a rank in 0..{world_size - 1}",
+                                given=rank, fix=_FAULT_FIX)
+    checked = {"rank": rank, "step": _fault_step(fault)}
+    if "phase" in fault:
+        if not isinstance(fault["phase"], str) or not fault["phase"]:
+            raise LaunchConfigError("fault phase", expected="a non-empty string", given=fault["phase"],
+                                    fix='pass e.g. "phase": "save" to match report(step=S, phase="save")')
+        checked["phase"] = fault["phase"]
+    return checked
+
+
+def check_faults(fault, *, world_size: int, max_restarts: int, local_agents: int = 1,
+                 min_nodes: int = 1) -> list[dict]:
+    """Fault-injection requests as a list of checked faults, the k-th for restart k.
+
+    Accepts one fault (for the first attempt) or a list of faults, one per attempt:
+
+    - {"rank": R, "step": S}: SIGKILL rank R inside its report(step=S);
+    - {"rank": R, "step": (lo, hi), "seed": k}: a step drawn from lo..hi (inclusive)
+      with that seed, so the run can be repeated;
+    - "phase": P added to a rank fault matches only report(step=S, phase=P), e.g. a
+      report made in the middle of writing a checkpoint;
+    - {"agent": A, "step": S}: stop agent A and its ranks (SIGKILL, as when a machine
+      dies) once any rank reports step S; needs several agents.
+
+    Each entry of a list is for one attempt: the k-th fires when torchrun's restart
+    count (TORCHELASTIC_RESTART_COUNT) is k. Every fault needs a restart to recover
+    from, so max_restarts must be at least the number of faults.
+    """
+    if fault is None:
+        return []
+    faults = list(fault) if isinstance(fault, (list, tuple)) else [fault]
+    if not faults:
+        raise LaunchConfigError("fault", expected="a fault dict or a non-empty list of them",
+                                given=fault, fix=_FAULT_FIX)
+    checked = [{"restart": k, **_one_fault(f, world_size, local_agents, min_nodes)}
+               for k, f in enumerate(faults)]
+    if max_restarts < len(checked):
         raise LaunchConfigError(
-            "fault", expected="max_restarts >= 1 so the run can recover", given="max_restarts=0",
-            fix="pass max_restarts=1 (or more) together with fault=...",
+            "fault", expected=f"max_restarts >= {len(checked)} so the run can recover",
+            given=f"max_restarts={max_restarts}",
+            fix=f"pass max_restarts={len(checked)} (or more) together with fault=...",
         )
-    return {"rank": rank, "step": step}
+    return checked
+
+
+def check_fault(fault, world_size: int, max_restarts: int) -> dict | None:
+    """One fault-injection request for the first attempt, checked (see check_faults)."""
+    if fault is None:
+        return None
+    if isinstance(fault, (list, tuple)):
+        raise LaunchConfigError("fault", expected="one fault dict", given=fault, fix=_FAULT_FIX)
+    return public_fault(check_faults(fault, world_size=world_size, max_restarts=max_restarts)[0])
+
+
+def check_nnodes(nnodes, local_agents) -> tuple[int, int, int]:
+    """(min_nodes, max_nodes, local_agents) from nnodes ("N", N or "MIN:MAX") and local_agents.
+
+    Every node of a launch() runs on this machine: local_agents agents (default: MAX)
+    join one rendezvous on loopback, so MIN <= local_agents <= MAX.
+    """
+    fix = 'pass nnodes=1, nnodes=2 or nnodes="1:2" (MIN:MAX agents, each with nproc ranks)'
+    lo = hi = None
+    if isinstance(nnodes, int) and not isinstance(nnodes, bool):
+        lo = hi = nnodes
+    elif isinstance(nnodes, str):
+        parts = nnodes.split(":")
+        if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+            lo, hi = int(parts[0]), int(parts[-1])
+    if lo is None or lo < 1 or hi < lo:
+        raise LaunchConfigError("nnodes", expected="N >= 1 or 'MIN:MAX' with 1 <= MIN <= MAX",
+                                given=nnodes, fix=fix)
+    if hi > MAX_LOCAL_AGENTS:
+        raise LaunchConfigError("nnodes", expected=f"at most {MAX_LOCAL_AGENTS} nodes on one machine",
+                                given=nnodes, fix=fix)
+    agents = hi if local_agents is None else local_agents
+    if isinstance(agents, bool) or not isinstance(agents, int) or not lo <= agents <= hi:
+        raise LaunchConfigError(
+            "local_agents", expected=f"a whole number of agents in {lo}..{hi} (nnodes {nnodes})",
+            given=local_agents,
+            fix="leave it out to start MAX agents, or pass a count between MIN and MAX")
+    return lo, hi, agents
+
+
+def check_rdzv_conf(rdzv_conf) -> dict[str, str]:
+    """Rendezvous settings (torchrun --rdzv-conf), as strings; None: none."""
+    if rdzv_conf is None:
+        return {}
+    if not isinstance(rdzv_conf, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, (str, int, float))
+            and not isinstance(v, bool) for k, v in rdzv_conf.items()):
+        raise LaunchConfigError(
+            "rdzv_conf", expected="a dict of setting name to number or string",
+            given=rdzv_conf, fix='pass e.g. rdzv_conf={"last_call_timeout": 5}')
+    return {k: str(v) for k, v in rdzv_conf.items()}
 
 
 def gpu_count() -> int:
@@ -122,7 +273,10 @@ def make_spec(
     timeout: float | None = None,
     max_restarts: int = 0,
     env: dict[str, str] | None = None,
-    fault: dict | None = None,
+    fault: dict | list | None = None,
+    nnodes: int | str = 1,
+    local_agents: int | None = None,
+    rdzv_conf: dict | None = None,
 ) -> LaunchSpec:
     """Check every input; raise LaunchConfigError with a one-line fix on the first bad one."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
@@ -155,7 +309,10 @@ def make_spec(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise LaunchConfigError("env", expected="a dict of str to str", given=env,
                                 fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
-    checked_fault = check_fault(fault, nproc, max_restarts)
+    min_nodes, max_nodes, agents = check_nnodes(nnodes, local_agents)
+    faults = check_faults(fault, world_size=nproc * agents, max_restarts=max_restarts,
+                          local_agents=agents, min_nodes=min_nodes)
+    conf = check_rdzv_conf(rdzv_conf)
     path = check_script(script)
     if backend == "nccl":
         gpus = gpu_count()
@@ -167,7 +324,8 @@ def make_spec(
             )
     return LaunchSpec(script=path, nproc=nproc, args=arg_list, backend=backend,
                       hang_timeout=hang or None, timeout=wall, max_restarts=max_restarts,
-                      env=dict(env or {}), fault=checked_fault)
+                      env=dict(env or {}), faults=faults, min_nodes=min_nodes,
+                      max_nodes=max_nodes, local_agents=agents, rdzv_conf=conf)
 
 
 def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
@@ -184,15 +342,26 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None) -> Path:
     return run_dir
 
 
-def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str) -> list[str]:
-    """The agent's argument list (never a shell string)."""
+def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0) -> list[str]:
+    """One agent's argument list (never a shell string).
+
+    Every agent of a run gets the same rendezvous endpoint and id; agent 0 hosts
+    the rendezvous store (is_host), so the others can come and go.
+    """
+    rdzv = []
+    if spec.elastic:
+        conf = {**ELASTIC_RDZV_CONF, **spec.rdzv_conf, "is_host": "true" if agent == 0 else "false"}
+        rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
+    elif spec.rdzv_conf:
+        rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf.items())]
     return [
         sys.executable, "-m", "labutils._agent",
-        "--nnodes", str(spec.nnodes),
+        "--nnodes", spec.nnodes,
         "--nproc-per-node", str(spec.nproc),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{port}",
         "--rdzv-id", run_id,
+        *rdzv,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
         "-m", "labutils.worker", str(spec.script), *spec.args,

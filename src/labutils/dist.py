@@ -131,26 +131,32 @@ def report(**values: Any) -> None:
         builtins.print(f"[report rank {rank()}] {shown}", flush=True)
         return
     writer.write({"kind": "record", "t": time.time(), "rank": rank(), "values": plain})
-    _maybe_inject_fault(plain.get("step"))
+    _maybe_inject_fault(plain)
 
 
-def _maybe_inject_fault(step: Any) -> None:
+def _maybe_inject_fault(values: dict) -> None:
     """Fault injection for launch(fault=...): SIGKILL this rank at the chosen step.
 
-    Only in the first attempt, so the restarted run can get past that step. The kill
-    happens inside report(), right after the record is written: exactly at that step.
+    The launcher passes the faults as JSON, each for one restart count: rank R dies
+    inside report(step=S) (and phase=P, when the fault names one), right after the
+    record is written, so the kill happens exactly there. Each fault fires in its own
+    attempt only, so the restarted run can get past that step.
     """
     spec = os.environ.get(runfiles.ENV_FAULT)
-    if not spec or step is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if not spec or values.get("step") is None:
         return
-    fault_rank, fault_step = (int(v) for v in spec.split(":"))
-    if rank() == fault_rank and step == fault_step:
-        import signal
-        import sys
+    import json
 
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    for fault in json.loads(spec):
+        if (fault.get("restart", 0) == restart and fault["rank"] == rank()
+                and fault["step"] == values["step"] and fault.get("phase") == values.get("phase")):
+            import signal
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:

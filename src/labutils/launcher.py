@@ -1,15 +1,24 @@
 """launch(): run a script on N ranks with torchrun and own the run's whole lifetime.
 
 The calling thread runs one loop: read new lines and events from the run folder,
-hand them to the display, and watch for the end (the agent exits), a stop
+hand them to the display, and watch for the end (the agents exit), a stop
 request, the timeout, or a hang (no rank made progress for hang_timeout
-seconds). Whatever ends the run, _shutdown() leaves no process behind: the agent
-and every worker get SIGTERM, then SIGKILL, and the agent and workers also die
+seconds). Whatever ends the run, _shutdown() leaves no process behind: the agents
+and every worker get SIGTERM, then SIGKILL, and the agents and workers also die
 by themselves if this process dies (see _agent.py and worker.py).
+
+A run may have several agents on this machine (launch(nnodes="1:2")), each one a
+"node" of the same c10d rendezvous on loopback, all writing into one run folder.
+Ranks are global, and which agent runs which rank, like the world size, is only
+known once the rendezvous of an attempt is complete: the launcher learns both
+from each rank's start event and keeps a history of attempts (result.attempts):
+world size, restart count, which rank failed and why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -19,19 +28,22 @@ import uuid
 from pathlib import Path
 
 from labutils import runfiles
-from labutils._proc import descendants, free_port, pid_alive, stop_processes
-from labutils.config import LaunchSpec, make_spec, new_run_dir, torchrun_command
+from labutils._proc import _signal_all, descendants, free_port, pid_alive, stop_processes
+from labutils.config import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
 from labutils.diagnosis import analyse_hang, find_failure
 from labutils.display import Display, make_display
-from labutils.result import RankResult, RunResult
+from labutils.result import RankResult, RunResult, attempt_line
 from labutils.streams import EventTail, RankOutput
 
 POLL_S = 0.05
 TICK_S = 0.2
 STACK_WAIT_S = 3.0
+AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvous host
 _AGENT_FAILURE_RE = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
 )
+# torchrun's log line the moment it sees a worker fail: the exit code, by pid.
+_WORKER_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
 
 _last_result: RunResult | None = None
 
@@ -51,33 +63,65 @@ class _Rank:
         self.state = "starting"
         self.pid: int | None = None
         self.main_tid: int | None = None
-        self.attempt = -1
+        self.attempt = -1  # the launcher's attempt this rank last started in
+        self.agent: int | None = None
         self.exit_code: int | None = None
         self.exceptions: dict[int, dict] = {}  # attempt -> exception event
 
 
+class _Agent:
+    """One torchrun agent of the run (a "node"); agent 0 hosts the rendezvous store."""
+
+    def __init__(self, index: int, command: list[str], log_path: Path) -> None:
+        self.index = index
+        self.command = command
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.stopped_by_fault: dict | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
 class Launch:
-    """One run: start the agent, follow it, end it, build the RunResult."""
+    """One run: start the agents, follow them, end them, build the RunResult."""
 
     def __init__(self, spec: LaunchSpec, run_dir: Path, display: Display) -> None:
         self.spec = spec
         self.run_dir = run_dir
         self.display = display
         self.ranks = [_Rank(run_dir, r) for r in range(spec.world_size)]
+        self.agents: list[_Agent] = []
         self.records: list[dict] = []
         self.attempts: list[dict] = []
         self.attempt = 0
+        self.round: str | None = None  # the rendezvous round of the current attempt
+        self.old_rounds: set[str] = set()
+        self.current: dict = {}  # the current attempt: world_size, restart_count, agents
+        self.fired: dict[int, int] = {}  # attempt -> index in spec.faults of an agent fault
         self.reason = "ok"
         self.hang = None
-        self.proc: subprocess.Popen | None = None
         self.command: list[str] = []
+        self._host_gone_at: float | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """Agent 0's process (the rendezvous host)."""
+        return self.agents[0].proc if self.agents else None
 
     # ---------------------------------------------------------------- lifetime
     def run(self) -> RunResult:
         global _last_result
         spec = self.spec
-        self.command = torchrun_command(spec, port=free_port(), run_id=uuid.uuid4().hex[:12])
-        (self.run_dir / "command.txt").write_text("\n".join(self.command) + "\n")
+        port, run_id = free_port(), uuid.uuid4().hex[:12]
+        self.agents = [
+            _Agent(i, torchrun_command(spec, port=port, run_id=run_id, agent=i),
+                   runfiles.agent_log_path(self.run_dir, i))
+            for i in range(spec.local_agents)
+        ]
+        self.command = self.agents[0].command
+        (self.run_dir / "command.txt").write_text(
+            "\n\n".join("\n".join(a.command) for a in self.agents) + "\n")
         env = os.environ.copy()
         env.update(spec.env)
         env[runfiles.ENV_RUN_DIR] = str(self.run_dir)
@@ -86,21 +130,28 @@ class Launch:
         # Re-initialising gloo through the agent's shared store after a restart fails
         # intermittently; a store per round does not (CURRICULUM.md, lesson 05).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        if spec.fault:
-            env[runfiles.ENV_FAULT] = f"{spec.fault['rank']}:{spec.fault['step']}"
-        if spec.nproc > 1:
+        rank_faults = [f for f in spec.faults if "rank" in f]
+        if rank_faults:
+            env[runfiles.ENV_FAULT] = json.dumps(rank_faults)
+        if spec.world_size > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
         self.t0 = time.monotonic()
         self.last_activity = self.t0
         interrupted = False
         self.display.start(world_size=spec.world_size, log_dir=str(self.run_dir),
                            script=str(spec.script))
-        with open(self.run_dir / "agent.log", "wb") as agent_log:
+        if spec.local_agents > 1:
+            self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
+                              f"join one rendezvous, --nnodes {spec.nnodes}")
+        with contextlib.ExitStack() as logs:
             try:
-                self.proc = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=agent_log,
-                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                )
+                for agent in self.agents:
+                    log = logs.enter_context(open(agent.log_path, "wb"))
+                    agent.proc = subprocess.Popen(
+                        agent.command, stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT, start_new_session=True,
+                        env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index)},
+                    )
                 self._follow()
             except KeyboardInterrupt:
                 interrupted = True
@@ -126,9 +177,10 @@ class Launch:
         while True:
             self._poll()
             now = time.monotonic()
-            if self.proc.poll() is not None:
+            if self._agents_done(now):
                 self._poll(final=True)
-                self.reason = "ok" if self.proc.returncode == 0 else "failed"
+                codes = [a.proc.poll() for a in self.agents if not a.stopped_by_fault]
+                self.reason = "ok" if all(c == 0 for c in codes) else "failed"
                 return
             if self.display.stop_requested.is_set():
                 self.display.note("stop requested: stopping every rank")
@@ -148,10 +200,27 @@ class Launch:
                 last_tick = now
             time.sleep(POLL_S)
 
+    def _agents_done(self, now: float) -> bool:
+        """Every agent has exited, or agent 0 (the rendezvous host) exited a while ago."""
+        if not any(a.alive() for a in self.agents):
+            return True
+        if self.agents[0].alive():
+            return False
+        if self._host_gone_at is None:
+            self._host_gone_at = now
+        return now - self._host_gone_at >= AGENT_GRACE_S
+
+    def _members(self) -> list[_Rank]:
+        """The ranks of the current attempt."""
+        return self.ranks[: self.current.get("world_size", self.spec.world_size)]
+
     def _hung(self) -> bool:
         """Every rank has started in this attempt and at least one is still alive."""
-        started = all(r.attempt == self.attempt and r.pid for r in self.ranks)
-        return started and any(self._alive(r) for r in self.ranks)
+        if not self.current:
+            return False
+        members = self._members()
+        started = all(r.attempt == self.attempt and r.pid for r in members)
+        return started and any(self._alive(r) for r in members)
 
     @staticmethod
     def _alive(r: _Rank) -> bool:
@@ -159,16 +228,19 @@ class Launch:
 
     def _shutdown(self) -> None:
         pids = [r.pid for r in self.ranks if r.pid and pid_alive(r.pid)]
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                pids = [self.proc.pid, *descendants(self.proc.pid), *pids]
-            if pids:
-                stop_processes(pids)
+        for agent in self.agents:
+            if agent.alive():
+                pids = [agent.proc.pid, *descendants(agent.proc.pid), *pids]
+        if pids:
+            stop_processes(pids)
+        for agent in self.agents:
+            if agent.proc is None:
+                continue
             try:
-                self.proc.wait(timeout=5)
+                agent.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                agent.proc.kill()
+                agent.proc.wait()
         self._poll(final=True)
         for r in self.ranks:
             r.output.close()
@@ -176,15 +248,19 @@ class Launch:
 
     # ------------------------------------------------------------- following
     def _poll(self, *, final: bool = False) -> None:
+        # Events of all ranks in the order they happened, so that the last events of
+        # one attempt are never taken for the next attempt's.
+        events = []
         for r in self.ranks:
-            events = r.events.poll(final=final)
-            for event in events:
-                self._on_event(r, event)
+            new_events = r.events.poll(final=final)
+            events.extend((ev.get("t", 0.0), r.rank, i, ev) for i, ev in enumerate(new_events))
             new = r.output.poll(final=final)
             for stream, lines in new.items():
                 self.display.lines(r.rank, stream, lines)
-            if events or new:
+            if new_events or new:
                 self.last_activity = time.monotonic()
+        for _, rank, _, event in sorted(events, key=lambda e: e[:3]):
+            self._on_event(self.ranks[rank], event)
 
     def _set_state(self, r: _Rank, state: str) -> None:
         if r.state != state:
@@ -194,45 +270,156 @@ class Launch:
     def _on_event(self, r: _Rank, ev: dict) -> None:
         kind = ev.get("kind")
         if kind == "start":
-            restart = int(ev.get("restart", 0))
-            if restart > self.attempt:
-                self._close_attempt()
-                self.attempt = restart
-                self.display.note(f"restart {restart}: torchrun started every rank again")
-            r.attempt, r.pid, r.main_tid, r.exit_code = restart, ev.get("pid"), ev.get("main_tid"), None
-            self._set_state(r, "running")
+            self._on_start(r, ev)
         elif kind == "record":
-            self.records.append({"rank": r.rank, **ev.get("values", {})})
-            self.display.record(r.rank, ev.get("values", {}))
+            values = ev.get("values", {})
+            self.records.append({"rank": r.rank, **values})
+            self.display.record(r.rank, values)
+            self._maybe_stop_agent(values)
         elif kind == "exception":
-            r.exceptions[int(ev.get("restart", 0))] = ev
+            r.exceptions[r.attempt] = ev
             self._set_state(r, "failed")
         elif kind == "exit":
             r.exit_code = int(ev.get("code", 0))
             self._set_state(r, "done" if r.exit_code == 0 else "failed")
 
+    def _on_start(self, r: _Rank, ev: dict) -> None:
+        """A rank started: in the current attempt, or as the first rank of the next one.
+
+        The ranks of one attempt share its rendezvous round (MASTER_ADDR:MASTER_PORT,
+        fresh each round); a rank that starts twice in one round also begins a new one.
+        """
+        restart = int(ev.get("restart", 0))
+        key = ev.get("round") or f"restart {restart}"
+        if key in self.old_rounds:
+            return  # a late start event of an attempt that is over
+        if self.round is None:
+            self._open_attempt(key, ev)
+        elif key != self.round or r.attempt == self.attempt:
+            previous = self.current["world_size"]
+            self._close_attempt(next_world_size=int(ev.get("world_size", 1)))
+            self.attempt += 1
+            self._open_attempt(key, ev)
+            size = self.current["world_size"]
+            change = f" (was {previous}: the membership changed)" if previous != size else ""
+            self.display.note(f"restart {self.attempt}: torchrun started the ranks again, "
+                              f"restart count {restart}, world size {size}{change}")
+        agent = int(ev.get("agent", 0))
+        self.current["agents"].setdefault(agent, []).append(r.rank)
+        if r.rank == 0:
+            self.current["restart_count"] = restart
+        r.attempt, r.pid, r.main_tid, r.exit_code = self.attempt, ev.get("pid"), ev.get("main_tid"), None
+        r.agent = agent
+        self._set_state(r, "running")
+
+    def _open_attempt(self, key: str, ev: dict) -> None:
+        self.round = key
+        self.current = {"world_size": int(ev.get("world_size", 1)),
+                        "restart_count": int(ev.get("restart", 0)), "agents": {}}
+
+    def _maybe_stop_agent(self, values: dict) -> None:
+        """Fire this attempt's agent fault when any rank reports its step."""
+        if self.attempt in self.fired or values.get("step") is None:
+            return
+        for i, fault in enumerate(self.spec.faults):
+            if "agent" in fault and fault["restart"] == self.attempt and fault["step"] == values["step"]:
+                self.fired[self.attempt] = i
+                self._stop_agent(fault)
+                return
+
+    def _stop_agent(self, fault: dict) -> None:
+        """SIGKILL one agent and its ranks at once, as when their machine dies."""
+        agent = self.agents[fault["agent"]]
+        if agent.alive():
+            _signal_all([agent.proc.pid, *descendants(agent.proc.pid)], signal.SIGKILL)
+        agent.stopped_by_fault = fault
+        gone = sorted(self.current.get("agents", {}).get(agent.index, []))
+        for rank in gone:
+            self.ranks[rank].exit_code = -signal.SIGKILL
+            self._set_state(self.ranks[rank], "killed")
+        self.display.note(f"agent {agent.index} stopped at step {fault['step']} (injected fault): "
+                          f"rank(s) {_ranks_text(gone)} gone, as if their machine died")
+
     def _failure_of(self, attempt: int, exit_codes: dict[int, int | None],
                     finished: set[int] = frozenset()):
-        exceptions = {r.rank: r.exceptions[attempt] for r in self.ranks if attempt in r.exceptions}
-        failed = [r.rank for r in self.ranks
+        members = [self.ranks[rank] for rank in exit_codes]
+        exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}
+        failed = [r.rank for r in members
                   if r.rank in exceptions or (exit_codes.get(r.rank) not in (0, None))]
         tails = {r.rank: "\n".join(line for stream, line in list(r.output.combined)[-20:]
-                                    if stream == "stderr") for r in self.ranks}
+                                    if stream == "stderr") for r in members}
         return find_failure(exceptions, exit_codes, failed, finished=finished,
                             stderr_tails=tails)
 
-    def _close_attempt(self) -> None:
+    def _fault_of(self, attempt: int) -> dict | None:
+        """The fault meant for an attempt: its agent fault if it fired, else its rank fault."""
+        if attempt in self.fired:
+            return self.spec.faults[self.fired[attempt]]
+        for fault in self.spec.faults:
+            if "rank" in fault and fault["restart"] == attempt:
+                return fault
+        return None
+
+    def _worker_exit_codes(self) -> dict[int, int]:
+        """pid -> exit code of the workers torchrun saw fail, from the agents' logs so far."""
+        codes = {}
+        for agent in self.agents:
+            try:
+                text = agent.log_path.read_text(errors="replace")
+            except OSError:
+                continue
+            codes.update({int(pid): int(code) for code, pid in _WORKER_FAILED_RE.findall(text)})
+        return codes
+
+    def _close_attempt(self, *, next_world_size: int) -> None:
         """Record why the attempt that is being replaced ended."""
+        seen = self._worker_exit_codes()
+        fault = self._fault_of(self.attempt)
         codes = {}
         for r in self.ranks:
-            codes[r.rank] = r.exit_code
-            if r.exit_code is None and r.pid and not pid_alive(r.pid):
-                codes[r.rank] = -signal.SIGKILL if r.attempt == self.attempt else None
+            if r.attempt != self.attempt or not r.pid:
+                continue
+            code = r.exit_code
+            if code is None and not pid_alive(r.pid):
+                if r.pid in seen:
+                    code = seen[r.pid]
+                elif fault and fault.get("rank") == r.rank:
+                    code = -signal.SIGKILL  # the injected kill
+                else:
+                    code = -signal.SIGTERM  # torchrun stopped it because a peer failed
+            codes[r.rank] = code
         failure = self._failure_of(self.attempt, codes)
         entry = _attempt_entry(self.attempt, failure, codes)
-        if self.spec.fault and self.attempt == 0:
-            entry["injected"] = dict(self.spec.fault)
+        self._describe(entry, fault)
+        size = self.current["world_size"]
+        if failure is None and fault is None and next_world_size > size:
+            entry["outcome"] = "membership change"
+            entry["why"] = (f"more agents joined (world size {size} -> {next_world_size}): "
+                            "torchrun restarts every rank to let them in")
         self.attempts.append(entry)
+        self.old_rounds.add(self.round)
+        self.display.note(attempt_line(entry))
+
+    def _describe(self, entry: dict, fault: dict | None) -> None:
+        """Add the attempt's world size, restart count, agents and injected fault."""
+        entry["world_size"] = self.current.get("world_size", self.spec.world_size)
+        entry["restart_count"] = self.current.get("restart_count", 0)
+        if self.spec.local_agents > 1:
+            entry["agents"] = {str(a): sorted(rs)
+                               for a, rs in sorted(self.current.get("agents", {}).items())}
+        if fault is None:
+            return
+        entry["injected"] = public_fault(fault)
+        if "rank" in fault and entry["failed_rank"] == fault["rank"] and \
+                entry["exit_codes"].get(str(fault["rank"])) == -signal.SIGKILL:
+            phase = f", phase {fault['phase']!r}" if "phase" in fault else ""
+            entry["why"] = f"SIGKILL: killed at step {fault['step']}{phase} (injected fault)"
+        if "agent" in fault:
+            gone = sorted(self.current.get("agents", {}).get(fault["agent"], []))
+            entry["failed_rank"] = gone[0] if gone else None
+            entry["failed_agent"] = fault["agent"]
+            entry["why"] = (f"agent {fault['agent']} left at step {fault['step']} (injected: "
+                            f"SIGKILL to the agent and its rank(s) {_ranks_text(gone)})")
 
     def _diagnose_hang(self, silent: float) -> None:
         alive = [r for r in self.ranks if self._alive(r)]
@@ -245,7 +432,7 @@ class Launch:
             except OSError:
                 pass
         dumps = _wait_for_dumps(self.run_dir, offsets)
-        exited = {r.rank: r.exit_code for r in self.ranks if r.exit_code is not None}
+        exited = {r.rank: r.exit_code for r in self._members() if r.exit_code is not None}
         self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
                                  exited=exited, silent_s=silent)
         for r in alive:
@@ -253,12 +440,15 @@ class Launch:
 
     # ---------------------------------------------------------------- result
     def _result(self) -> RunResult:
-        agent_text = (self.run_dir / "agent.log").read_text(errors="replace")
+        logs = [a for a in self.agents if a.log_path.exists()]
+        agent_text = "\n".join(a.log_path.read_text(errors="replace") for a in logs
+                               if not a.stopped_by_fault)
         # torchrun's own list of failed ranks is the final word on exit codes: a rank
         # can finish its script (exit event 0) and still die while Python shuts down.
         agent_codes = {int(r): int(c) for r, c in _AGENT_FAILURE_RE.findall(agent_text)}
+        members = [r for r in self.ranks if r.attempt == self.attempt] if self.current else self.ranks
         finished = set()
-        for r in self.ranks:
+        for r in members:
             if r.rank in agent_codes and agent_codes[r.rank] != r.exit_code:
                 if r.exit_code == 0:
                     finished.add(r.rank)
@@ -267,10 +457,11 @@ class Launch:
                 r.exit_code = agent_codes[r.rank]
         failure = None
         if self.reason == "failed":
-            codes = {r.rank: r.exit_code for r in self.ranks}
+            codes = {r.rank: r.exit_code for r in members}
             failure = self._failure_of(self.attempt, codes, finished)
             if failure is None:
-                failure = _agent_failure(agent_text)
+                failure = _agent_failure(agent_text or "\n".join(
+                    a.log_path.read_text(errors="replace") for a in logs))
         for r in self.ranks:
             if r.state in ("starting", "running"):
                 if self.reason == "failed" and failure and r.rank == failure.rank:
@@ -279,9 +470,15 @@ class Launch:
                     self._set_state(r, "done")
                 else:
                     self._set_state(r, "killed")
-        codes = {r.rank: r.exit_code for r in self.ranks}
-        self.attempts.append(_attempt_entry(self.attempt, failure, codes, final=self.reason))
+        codes = {r.rank: r.exit_code for r in members}
+        entry = _attempt_entry(self.attempt, failure, codes, final=self.reason)
+        self._describe(entry, self.spec.faults[self.fired[self.attempt]]
+                       if self.attempt in self.fired else None)
+        self.attempts.append(entry)
         victims = set(failure.victims) if failure else set()
+        shown = self.ranks
+        if self.spec.elastic and any(r.pid for r in self.ranks):
+            shown = [r for r in self.ranks if r.pid]  # the ranks that ran in some attempt
         ranks = [
             RankResult(
                 rank=r.rank, state=r.state, exit_code=r.exit_code, pid=r.pid,
@@ -289,15 +486,21 @@ class Launch:
                 stderr_lines=r.output.counts["stderr"], tail=list(r.output.combined)[-50:],
                 victim=r.rank in victims,
             )
-            for r in self.ranks
+            for r in shown
         ]
         return RunResult(
-            ok=self.reason == "ok", world_size=self.spec.world_size,
+            ok=self.reason == "ok",
+            world_size=self.current.get("world_size", self.spec.world_size),
             duration_s=time.monotonic() - self.t0, log_dir=self.run_dir, ranks=ranks,
             records=self.records, failure=failure, hang=self.hang, attempts=self.attempts,
             reason=self.reason, script=str(self.spec.script), command=self.command,
+            commands=[a.command for a in self.agents],
             agent_exit_code=self.proc.returncode if self.proc else None,
         )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if ranks else "(none had started)"
 
 
 def _attempt_entry(attempt: int, failure, codes: dict, final: str | None = None) -> dict:
@@ -307,10 +510,7 @@ def _attempt_entry(attempt: int, failure, codes: dict, final: str | None = None)
         "why": f"{failure.exc_type}: {failure.message}" if failure else None,
         "exit_codes": {str(k): v for k, v in codes.items()},
     }
-    if final is not None:
-        entry["outcome"] = final
-    else:
-        entry["outcome"] = "restarted"
+    entry["outcome"] = final if final is not None else "restarted"
     return entry
 
 
@@ -358,7 +558,10 @@ def launch(
     log_dir: str | os.PathLike | None = None,
     display: str | Display = "auto",
     env: dict[str, str] | None = None,
-    fault: dict | None = None,
+    fault: dict | list[dict] | None = None,
+    nnodes: int | str = 1,
+    local_agents: int | None = None,
+    rdzv_conf: dict | None = None,
 ) -> RunResult:
     """Run ``script`` on ``nproc`` ranks with torchrun and return what happened.
 
@@ -368,7 +571,7 @@ def launch(
 
     Args:
         script: the training script, run unchanged in every rank.
-        nproc: number of ranks (processes) on this machine.
+        nproc: number of ranks (processes) per agent; with one agent, on this machine.
         args: command-line arguments for the script, a list of strings.
         backend: "auto" (nccl with a GPU per rank, else gloo), "gloo" or "nccl";
             scripts read it through labutils.dist.init().
@@ -379,16 +582,30 @@ def launch(
         log_dir: folder for run folders (default $LABUTILS_RUNS_DIR or ./runs).
         display: "auto", "widgets", "text", "terminal", "none" or a Display.
         env: extra environment variables for the ranks.
-        fault: fault injection, {"rank": R, "step": S} or {"rank": R, "step": (lo, hi),
-            "seed": k}: rank R is SIGKILLed when it calls report(step=S) in the first
-            attempt; needs max_restarts >= 1. The restart history is in result.attempts.
+        fault: fault injection, one fault for the first attempt or a list with one per
+            attempt (the k-th fires when torchrun's restart count is k); needs
+            max_restarts >= the number of faults. {"rank": R, "step": S}: rank R is
+            SIGKILLed inside its report(step=S); "step": (lo, hi) with "seed": k draws
+            the step; "phase": P matches only report(step=S, phase=P). {"agent": A,
+            "step": S}: agent A and its ranks are SIGKILLed when any rank reports step
+            S (a node leaves; needs several agents). The restart history is in
+            result.attempts.
+        nnodes: torchrun's --nnodes, N or "MIN:MAX": the run continues while at least
+            MIN agents (nodes) are there and admits up to MAX.
+        local_agents: torchrun agents started on this machine, each a "node" with
+            nproc ranks, all joining one c10d rendezvous on loopback; default MAX.
+            Ranks are numbered across agents (agent order is the rendezvous's).
+        rdzv_conf: rendezvous settings passed as torchrun --rdzv-conf, over the
+            short defaults launch() uses when there are several agents
+            (config.ELASTIC_RDZV_CONF), e.g. {"last_call_timeout": 5}.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the
         summary and re-raises KeyboardInterrupt; last_result() still has the result.
     """
     spec = make_spec(script, nproc, args=args, backend=backend, hang_timeout=hang_timeout,
-                     timeout=timeout, max_restarts=max_restarts, env=env, fault=fault)
+                     timeout=timeout, max_restarts=max_restarts, env=env, fault=fault,
+                     nnodes=nnodes, local_agents=local_agents, rdzv_conf=rdzv_conf)
     if not isinstance(display, Display):
         display = make_display(display)
     run_dir = new_run_dir(spec.script, log_dir)

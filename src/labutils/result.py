@@ -56,6 +56,17 @@ class RankResult:
         }
 
 
+def attempt_line(attempt: dict) -> str:
+    """One attempt of result.attempts as a line: size, restart count, outcome, cause."""
+    a = attempt
+    size = a.get("world_size")
+    line = (f"attempt {a['attempt']}: {size if size is not None else '?'} rank(s), "
+            f"restart count {a.get('restart_count', a['attempt'])}, {a['outcome']}")
+    if a.get("failed_agent") is None and a.get("failed_rank") is not None:
+        return f"{line}; rank {a['failed_rank']} failed: {a['why']}"
+    return f"{line}; {a['why']}" if a.get("why") else line
+
+
 @dataclass
 class RunResult:
     """What launch() returns. ``ok`` is True only when every rank exited with 0."""
@@ -71,8 +82,18 @@ class RunResult:
     attempts: list[dict] = field(default_factory=list)
     reason: str = "ok"  # ok | failed | hang | timeout | stopped | interrupted
     script: str = ""
-    command: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)  # agent 0's torchrun command
     agent_exit_code: int | None = None
+    commands: list[list[str]] = field(default_factory=list)  # every agent's command
+
+    @property
+    def restarts(self) -> int:
+        """How often the ranks were started again (failures and membership changes)."""
+        return max(0, len(self.attempts) - 1)
+
+    def restart_history(self) -> list[str]:
+        """One line per attempt: world size, restart count, how it ended and why."""
+        return [attempt_line(a) for a in self.attempts]
 
     @property
     def exit_status(self) -> int:
@@ -113,13 +134,15 @@ class RunResult:
             "ok": "finished", "failed": "FAILED", "hang": "HUNG", "timeout": "TIMED OUT",
             "stopped": "STOPPED", "interrupted": "INTERRUPTED",
         }.get(self.reason, self.reason)
-        restarts = f", {len(self.attempts) - 1} restart(s)" if len(self.attempts) > 1 else ""
+        restarts = f", {self.restarts} restart(s)" if self.restarts else ""
         return (f"run {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
                 f"logs in {_short_dir(self.log_dir)}")
 
     def summary(self) -> str:
         """The readable report: headline, per-rank states, failure or hang details."""
         lines = [self.headline()]
+        if self.restarts:
+            lines.extend("  " + line for line in self.restart_history())
         for r in self.ranks:
             code = "" if r.exit_code is None else f" exit {r.exit_code}"
             sig = signal_name(r.exit_code)
@@ -169,8 +192,11 @@ class RunResult:
             "<table><tr><th>rank</th><th>state</th><th>exit</th><th>stdout lines</th>"
             f"<th>stderr lines</th><th></th></tr>{rows}</table>",
         ]
+        if self.restarts:
+            parts.append(f"<pre>{html.escape(chr(10).join(self.restart_history()))}</pre>")
         if self.failure or self.hang:
-            detail = self.summary().split("\n", 1 + len(self.ranks))[-1]
+            skip = 1 + len(self.ranks) + (len(self.attempts) if self.restarts else 0)
+            detail = self.summary().split("\n", skip)[-1]
             parts.append(f"<pre>{html.escape(detail)}</pre>")
         parts.append("</div>")
         return "".join(parts)

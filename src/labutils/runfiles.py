@@ -4,7 +4,9 @@ A run folder looks like this::
 
     runs/20261121-184501-train-3f2a/
         command.txt          the torchrun command line, one argument per line
+                             (one block per agent when a run has several)
         agent.log            torchrun's own output (kept out of the cells)
+        agent1.log ...       the output of the other agents of a multi-agent run
         summary.json         the RunResult as JSON, written when the run ends
         rank0/stdout.log     everything rank 0 wrote to fd 1, all attempts
         rank0/stderr.log     everything rank 0 wrote to fd 2, all attempts
@@ -28,7 +30,10 @@ ENV_SCRIPT = "LABUTILS_SCRIPT"
 ENV_AGENT_PID = "LABUTILS_AGENT_PID"
 ENV_PARENT_PID = "LABUTILS_PARENT_PID"
 ENV_RANK_OFFSET = "LABUTILS_RANK_OFFSET"
-ENV_FAULT = "LABUTILS_FAULT"  # "RANK:STEP": that rank SIGKILLs itself when it reports step STEP
+ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
+# JSON list of {"restart": K, "rank": R, "step": S[, "phase": P]}: in restart K, rank R
+# SIGKILLs itself when it calls report(step=S[, phase=P]).
+ENV_FAULT = "LABUTILS_FAULT"
 
 STREAMS = ("stdout", "stderr")
 
@@ -47,6 +52,10 @@ def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
 
 def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "stacks.txt"
+
+
+def agent_log_path(run_dir: str | os.PathLike, agent: int) -> Path:
+    return Path(run_dir) / ("agent.log" if agent == 0 else f"agent{agent}.log")
 
 
 def encode_event(event: dict) -> bytes:

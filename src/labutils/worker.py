@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             "restart": restart, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "host": os.uname().nodename,
+            # Which rendezvous round (attempt) this start belongs to: torchrun picks a
+            # fresh MASTER_PORT each round, the same for every rank of the round.
+            "round": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
+            "agent": int(os.environ.get(runfiles.ENV_AGENT_INDEX, "0")),
+            "group_rank": int(os.environ.get("GROUP_RANK", "0")),
         })
         threading.Thread(
             target=_watch_progress, args=(writer, main_ident), name="labutils-progress",

@@ -1,6 +1,8 @@
 """Ranks keep training (printing) until stopped from outside."""
 import time
 
+print("starting", flush=True)  # before the slow imports: the log is never empty
+
 import torch
 import torch.distributed as dist
 
