@@ -1,0 +1,304 @@
+"""Helpers for the lesson 03 notebook: tables of the runs' records, plot inputs, the self-check.
+
+The rank scripts (buckets.py, sweep.py, accumulation.py, ddp_options.py, unused.py,
+comm_hooks.py) do not import this module; only the notebook does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable
+
+from labutils.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
+from labutils.tables import text_table
+from labutils.timing import AlphaBeta, fit_alpha_beta, format_bytes, format_seconds
+
+MiB = 2**20
+FIRST_BUCKET_BYTES = 2**20  # DDP's small first bucket, used only when bucket_cap_mb is unset
+
+
+def _part(records: Iterable[dict], part: str) -> list[dict]:
+    return [r for r in records if r.get("part") == part]
+
+
+def _members(params: list[str]) -> str:
+    """["fc5.bias", "fc5.weight", "fc4.bias", "fc4.weight"] -> "fc5, fc4" (layers, in order)."""
+    layers: list[str] = []
+    for name in params:
+        layer = name.rsplit(".", 1)[0]
+        if layer not in layers:
+            layers.append(layer)
+    return ", ".join(layers)
+
+
+def cap_label(cap: str) -> str:
+    return "unset (25 MiB)" if cap == "default" else f"{float(cap):g} MiB"
+
+
+# ------------------------------------------------------------------ 2. buckets
+
+def bucket_table(records: Iterable[dict]) -> str:
+    """Per cap and iteration: each bucket the hook saw, its size and its layers."""
+    rows = []
+    for rec in _part(records, "buckets"):
+        for call in rec["calls"]:
+            rows.append([cap_label(rec["cap"]), call["iteration"], call["index"],
+                         format_bytes(call["nbytes"]), _members(call["params"])])
+    return text_table(["bucket_cap_mb", "iteration", "bucket", "size", "layers (in bucket order)"],
+                      rows, right=[1, 2, 3])
+
+
+def bucket_predictions(records: Iterable[dict]) -> str:
+    """DDP's rebuilt buckets against predict_buckets() on the gradient-ready order."""
+    lines = []
+    for rec in _part(records, "buckets"):
+        log = rec["logging"]
+        order = log["ready_order"]
+        sizes = [log["param_bytes"][name] for name in order]
+        cap = log["bucket_cap_bytes"]
+        first = FIRST_BUCKET_BYTES if rec["cap"] == "default" else None
+        predicted = [[order[i] for i in bucket] for bucket in predict_buckets(sizes, cap, first_cap_bytes=first)]
+        verdict = "matches DDP" if predicted == log["rebuilt_params"] else "DIFFERS from DDP"
+        lines.append(f"cap {cap_label(rec['cap']):>15}: predicted {' | '.join(_members(b) for b in predicted)}"
+                     f"  -> {verdict}")
+    return "\n".join(lines)
+
+
+def bucket_sizes_for_plot(records: Iterable[dict]) -> tuple[dict, dict, dict]:
+    """(buckets, caps, labels) for viz.plot_bucket_sizes: first iteration and each cap."""
+    recs = _part(records, "buckets")
+    buckets, caps, labels = {}, {}, {}
+    first = recs[0]["logging"]
+    buckets["iteration 0 (any cap)"] = first["initial_sizes"]
+    labels["iteration 0 (any cap)"] = ["all 10 gradients"]
+    for rec in recs:
+        key = f"cap {cap_label(rec['cap'])}"
+        buckets[key] = rec["logging"]["rebuilt_sizes"]
+        caps[key] = rec["logging"]["bucket_cap_bytes"]
+        labels[key] = [_members(b) for b in rec["logging"]["rebuilt_params"]]
+    return buckets, caps, labels
+
+
+# ------------------------------------------------------------------ 3. overlap
+
+def timeline_lanes(record: dict, *, iteration: int) -> dict:
+    """One recorded backward of buckets.py (part="timeline") as plot inputs and numbers.
+
+    The compute window runs from the call of loss.backward() to the last gradient
+    stored; communication inside it was hidden behind compute, the rest was not.
+    """
+    layers = [s for s in record["layers"] if s["iteration"] == iteration]
+    buckets = [b for b in record["buckets"] if b["iteration"] == iteration and b["end_s"] is not None]
+    start, end = record["backward"][iteration - min(s["iteration"] for s in record["layers"])]
+    compute = {f"backward {s['name']}": [(s["start_s"], s["end_s"])] for s in layers}
+    comm = {f"bucket {b['index']}: {format_bytes(b['nbytes'])} ({_members(b['params'])})":
+            [(b["start_s"], b["end_s"])] for b in buckets}
+    compute_end = max(s["end_s"] for s in layers)
+    comm_spans = [span for spans in comm.values() for span in spans]
+    return {
+        "compute": compute, "comm": comm, "t0": start,
+        "marks": {"last gradient ready": compute_end, "backward() returns": end},
+        "backward_s": end - start,
+        "compute_s": compute_end - start,
+        "comm_s": busy_seconds(comm_spans),
+        "hidden_s": overlap_seconds([(start, compute_end)], comm_spans),
+        "after_compute_s": end - compute_end,
+    }
+
+
+def overlap_summary(lanes: dict, logging: dict) -> str:
+    """The timeline's numbers, and DDP's own (sampled) averages for comparison."""
+    ms = 1e3
+    comm = lanes["comm_s"]
+    lines = [
+        f"loss.backward() took                 {lanes['backward_s'] * ms:7.1f} ms",
+        f"  computing, until the last gradient {lanes['compute_s'] * ms:7.1f} ms",
+        f"  then waiting for all-reduces       {lanes['after_compute_s'] * ms:7.1f} ms",
+        f"some all-reduce in flight            {comm * ms:7.1f} ms (overlapping bars counted once)",
+        f"  of it while still computing        {lanes['hidden_s'] * ms:7.1f} ms "
+        f"= {lanes['hidden_s'] / comm:.0%} of the communication hidden behind compute",
+        "",
+        "DDP's logging data, averaged over this DDP model's sampled iterations:",
+        f"  avg_backward_compute_time              {logging['avg_backward_compute_ns'] / 1e6:7.1f} ms",
+        f"  avg_backward_comm_time                 {logging['avg_backward_comm_ns'] / 1e6:7.1f} ms",
+        f"  avg_backward_compute_comm_overlap_time {logging['avg_overlap_ns'] / 1e6:7.1f} ms",
+    ]
+    return "\n".join(lines)
+
+
+def trace_lanes(path: str | os.PathLike) -> tuple[dict, dict, dict]:
+    """(compute, comm, counts) for plot_overlap_timeline from buckets.py's Chrome trace:
+    one lane of backward ops, one lane per communication thread."""
+    spans = trace_spans(path)
+    compute = {"autograd ops (main thread)": [(a, b) for _, a, b in spans["compute"]]}
+    comm: dict[str, list] = {}
+    for name, a, b, tid in spans["comm"]:
+        comm.setdefault(f"{name} (thread {tid})", []).append((a, b))
+    counts = {"backward ops": len(spans["compute"]), "all-reduce events": len(spans["comm"])}
+    return compute, comm, counts
+
+
+# ------------------------------------------------------------------ 4. sweep
+
+def alpha_beta_fit(records: Iterable[dict]) -> tuple[AlphaBeta, list[int], list[float]]:
+    """The alpha-beta fit of sweep.py's all_reduce timings (and the points)."""
+    rec = _part(records, "alpha_beta")[0]
+    return fit_alpha_beta(rec["nbytes"], rec["seconds"]), rec["nbytes"], rec["seconds"]
+
+
+def sweep_series(records: Iterable[dict], fit: AlphaBeta) -> tuple[dict, dict, dict]:
+    """(measured, predicted, compute_only) for viz.plot_bucket_sweep, caps in MiB.
+
+    Predicted (no overlap): the step without communication plus, for every bucket DDP
+    made at that cap, one all-reduce of alpha + bytes / beta.
+    """
+    measured, predicted, floor = {}, {}, {}
+    for rec in _part(records, "sweep"):
+        model = rec["model"]
+        if rec["cap_mb"] is None:
+            floor[model] = rec["seconds"]
+            continue
+        caps, secs = measured.setdefault(model, ([], []))
+        caps.append(rec["cap_mb"])
+        secs.append(rec["seconds"])
+    for rec in _part(records, "sweep"):
+        if rec["cap_mb"] is not None:
+            comm = sum(fit.predict(b) for b in rec["bucket_sizes"])
+            caps, secs = predicted.setdefault(rec["model"], ([], []))
+            caps.append(rec["cap_mb"])
+            secs.append(floor[rec["model"]] + comm)
+    return measured, predicted, floor
+
+
+def sweep_table(records: Iterable[dict], fit: AlphaBeta) -> str:
+    """Per model and cap: buckets, measured step time, compute-only time, prediction."""
+    _, predicted, floor = sweep_series(records, fit)
+    rows = []
+    for rec in _part(records, "sweep"):
+        if rec["cap_mb"] is None:
+            continue
+        model, cap = rec["model"], rec["cap_mb"]
+        pred = predicted[model][1][predicted[model][0].index(cap)]
+        n = len(rec["bucket_sizes"])
+        rows.append([model, format_bytes(rec["param_bytes"]), f"{cap:g}", n,
+                     format_seconds(n * fit.alpha_s), format_seconds(rec["seconds"]),
+                     format_seconds(floor[model]), format_seconds(pred)])
+    return text_table(["model", "gradients", "cap (MiB)", "buckets", "buckets x alpha", "step (measured)",
+                       "no communication", "predicted, no overlap"], rows, right=[1, 2, 3, 4, 5, 6, 7])
+
+
+# ------------------------------------------------------------------ 5-6. accumulation, options
+
+def accumulation_table(records: Iterable[dict]) -> str:
+    """Per way of writing the micro-steps: all-reduces per optimizer step, correctness."""
+    rows = []
+    for rec in _part(records, "accumulation"):
+        if rec["rank"] == 0:
+            rows.append([rec["way"], rec["all_reduces_per_step"],
+                         "equal (assert_close)" if rec["equal_to_reference"] else "DIFFERENT",
+                         rec["same_on_all_ranks"]])
+    return text_table(["micro-step loop", "all-reduces per step", "weights vs one big batch",
+                       "same on all ranks"], rows)
+
+
+def options_table(records: Iterable[dict], *, with_time: bool) -> str:
+    """Per DDP setting: buckets, where .grad lives, gradient memory (and step time)."""
+    rows = []
+    for rec in _part(records, "options"):
+        row = [rec["setting"], rec["initial_buckets"], rec["rebuilt_buckets"], rec["grads_in_buckets"],
+               f"{rec['gradient_mib']:.1f}"]
+        if with_time:
+            row.append(format_seconds(rec["seconds"]))
+        rows.append(row)
+    header = ["setting", "buckets at start", "buckets rebuilt", ".grad views into buckets",
+              "gradient memory (MiB)"] + (["step time"] if with_time else [])
+    return text_table(header, rows, right=[1, 2, 4, 5][: 4 if with_time else 3])
+
+
+def unused_table(records: Iterable[dict]) -> str:
+    rows = [[r["setting"], r["who_skips"], r["steps"], r["same_on_all_ranks"]]
+            for r in _part(records, "unused")]
+    return text_table(["setting", "branch skipped by", "steps done", "same weights on all ranks"], rows)
+
+
+_INDICES_RE = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+def unused_indices(stderr: str) -> tuple[int, list[int]] | None:
+    """(rank, indices) from DDP's "did not receive grad" message, or None."""
+    m = _INDICES_RE.search(stderr)
+    return (int(m.group(1)), [int(i) for i in m.group(2).split()]) if m else None
+
+
+# ------------------------------------------------------------------ 7. hooks
+
+def hooks_table(records: Iterable[dict]) -> str:
+    """Per hook: bytes all-reduced per step (first and last step), error and time."""
+    rows = []
+    base = None
+    for rec in _part(records, "hooks"):
+        sent = rec["bytes_per_step"]
+        base = base or sent[-1]
+        rows.append([rec["hook"], rec["bucket_cap_mb"], format_bytes(sent[0]), format_bytes(sent[-1]),
+                     f"{base / sent[-1]:.0f}x", f"{rec['grad_rel_error']:.1e}",
+                     f"{rec['weights_max_diff']:.1e}", format_seconds(rec["seconds"])])
+    return text_table(["hook", "cap", "sent, step 1", "sent, last step", "less", "gradient error",
+                       "weights vs allreduce", "backward"], rows, right=[1, 2, 3, 4, 5, 6, 7])
+
+
+_ISSUE_RE = re.compile(r"all_reduce of\s+(\d+) floats from thread (\S+)")
+
+
+def issue_orders(run) -> dict[int, list[tuple[int, str]]]:
+    """Per rank, the all-reduces it issued in order: (floats, thread), from its stdout."""
+    return {r.rank: [(int(n), t) for n, t in _ISSUE_RE.findall(r.stdout)] for r in run.ranks}
+
+
+def first_difference(orders: dict[int, list[tuple[int, str]]]) -> str:
+    """Where the ranks' sequences of all-reduce sizes first differ, as text."""
+    seqs = {r: [n for n, _ in calls] for r, calls in orders.items()}
+    length = min(len(s) for s in seqs.values())
+    for i in range(length):
+        sizes = {r: s[i] for r, s in seqs.items()}
+        if len(set(sizes.values())) > 1:
+            detail = ", ".join(f"rank {r} sends {n} floats" for r, n in sizes.items())
+            return f"call {i + 1}: {detail}: a mismatch"
+    return f"the first {length} calls match in size on every rank"
+
+
+# ------------------------------------------------------------------ 8. self-check
+
+def check_answers(answers: dict) -> None:
+    """Print, per question, whether the answer is right (answers left as None are skipped)."""
+    expected = {
+        "q1_buckets_first_iteration": (1, "find_unused_parameters=False: one bucket with every gradient"),
+        "q2_buckets_for_3_3_3_3_mib_cap_4": (2, "a bucket closes once it holds >= the cap: 3+3, then 3+3"),
+        "q3_all_reduces_8_micro_3_buckets": (3, "no_sync around forward and backward: only the last micro-step syncs"),
+        "q4_all_reduces_forward_outside": (24, "the forward decides: every micro-step syncs, 3 buckets each"),
+        "q5_fp16_mib_sent_for_100_mib": (50, "fp16 is 2 bytes per value instead of 4"),
+        "q6_hang_rank_waits_in": ("backward", "DDP's all-reduces run inside loss.backward()"),
+    }
+    unknown = sorted(set(answers) - set(expected))
+    if unknown:
+        print(f"unknown question names {unknown}; expected {sorted(expected)}")
+    for name, (want, hint) in expected.items():
+        given = answers.get(name)
+        if given is None:
+            print(f"{name}: not answered yet")
+        elif isinstance(want, str):
+            ok = want in str(given).lower()
+            print(f"{name}: correct" if ok else f"{name}: not quite ({given!r}); hint: {hint}")
+        elif isinstance(given, (int, float)) and math.isclose(given, want, rel_tol=1e-9):
+            print(f"{name}: correct")
+        else:
+            print(f"{name}: not quite ({given!r}); hint: {hint}")
+
+
+__all__ = [
+    "bucket_table", "bucket_predictions", "bucket_sizes_for_plot", "timeline_lanes",
+    "overlap_summary", "trace_lanes", "alpha_beta_fit", "sweep_series", "sweep_table",
+    "accumulation_table", "options_table", "unused_table", "unused_indices", "hooks_table",
+    "issue_orders", "first_difference", "check_answers", "cap_label",
+]
