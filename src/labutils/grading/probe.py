@@ -12,7 +12,8 @@ when the script ends well, sends what it measured with report(probe=...):
   from the model itself at the end (values and a sha256 of the raw bytes, so bitwise
   equality can be checked);
 - allreduce: how many gradient all-reduces DDP launched between optimizer steps,
-  counted by a communication hook (one call per bucket).
+  counted by labutils.ddp_probes.BucketRecorder as the communication hook (one call
+  per bucket).
 """
 
 from __future__ import annotations
@@ -48,29 +49,26 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
 def _install(measures: set[str]) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    state: dict = {"models": [], "allreduce_calls": 0, "per_step": []}
+    from labutils.ddp_probes import BucketRecorder
+
+    state: dict = {"models": [], "recorders": [], "counted": 0, "per_step": []}
     original_init = DistributedDataParallel.__init__
-
-    def counting_hook(process_group, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        state["allreduce_calls"] += 1
-        return default_hooks.allreduce_hook(process_group, bucket)
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         state["models"].append(self.module)
-        if "allreduce" in measures:
-            self.register_comm_hook(None, counting_hook)
+        if "allreduce" in measures:  # becomes the model's communication hook
+            state["recorders"].append(BucketRecorder(self))
 
     DistributedDataParallel.__init__ = init
 
     if "allreduce" in measures:
-        def after_step(optimizer, args, kwargs):
-            state["per_step"].append(state["allreduce_calls"])
-            state["allreduce_calls"] = 0
-
         from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def after_step(optimizer, args, kwargs):
+            calls = sum(len(r.calls) for r in state["recorders"])
+            state["per_step"].append(calls - state["counted"])
+            state["counted"] = calls
 
         register_optimizer_step_post_hook(after_step)
     return state
@@ -90,8 +88,8 @@ def _send(measures: set[str], state: dict) -> None:
             report(probe="weights", model=index, names=names, values=values,
                    sha256=digest.hexdigest())
     if "allreduce" in measures:
-        report(probe="allreduce", per_step=state["per_step"],
-               after_last_step=state["allreduce_calls"])
+        calls = sum(len(r.calls) for r in state["recorders"])
+        report(probe="allreduce", per_step=state["per_step"], after_last_step=calls - state["counted"])
 
 
 def main(argv: list[str]) -> None:

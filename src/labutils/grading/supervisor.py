@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
+
 from labutils.grading import procs
 from labutils.grading.notebook import read_notebook, restore_locked_cells
 
@@ -127,7 +129,8 @@ class Supervisor:
                 continue
             data_size = path.stat().st_size
             if rel in locked or rel in GRADER_FILES:
-                if self.files.get(rel) != path.read_bytes():
+                lab_copy = self.files.get(rel, b"")
+                if data_size != len(lab_copy) or path.read_bytes() != lab_copy:
                     what = "the checks" if rel == "checks.py" else rel
                     self.notes.append(f"{what} differ{'s' if what == rel else ''} from the lab's "
                                       "copy; the grader used its own")
@@ -153,8 +156,6 @@ class Supervisor:
         lab_nb = read_notebook_bytes(self.files[self.config["notebook"]])
         nb, notes = restore_locked_cells(read.nb, lab_nb)
         self.notes += notes
-        import nbformat
-
         target = self.work / self.config["notebook"]
         nbformat.write(nb, target)
         return target, ""
@@ -339,8 +340,6 @@ class Supervisor:
 
 
 def read_notebook_bytes(data: bytes):
-    import nbformat
-
     return nbformat.reads(data.decode(), as_version=4)
 
 
