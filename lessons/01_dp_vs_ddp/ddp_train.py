@@ -42,7 +42,7 @@ from labutils.dist import init, report  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--per-rank-batch", type=int, default=8, help="samples per rank in the proof")
 parser.add_argument("--steps", type=int, default=3, help="optimizer steps in the proof")
-parser.add_argument("--batch", type=int, default=32, help="samples per rank when timing")
+parser.add_argument("--batch", type=int, default=128, help="samples per rank when timing")
 parser.add_argument("--timing-steps", type=int, default=10, help="timed steps (0: no timing)")
 args = parser.parse_args()
 

@@ -107,6 +107,8 @@ record("send 0 -> recv 1", before, t)
 
 # isend / irecv: everyone shifts its tensor one step to the right around the ring,
 # at once. Both calls return immediately; wait() blocks until the transfer is done.
+# (With NCCL on 2 ranks, right and left are the same peer: group the two calls with
+# dist.batch_isend_irecv there, as ring.py does.)
 t = mine(); got = torch.empty_like(t)
 requests = [dist.isend(t, dst=(rank + 1) % n), dist.irecv(got, src=(rank - 1) % n)]
 for request in requests:

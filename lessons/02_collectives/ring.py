@@ -18,8 +18,9 @@ so the cost of each algorithm can be measured rather than claimed.
   sends first and nobody receives, so it deadlocks (gloo's send waits for the
   matching recv), even for a tensor of a few bytes.
 
-Each step posts isend and irecv together and waits for both, so no rank blocks
-on a send its neighbour cannot accept yet. (Ordering blocking sends and receives
+Each step posts the send and the receive together (isend + irecv, through
+dist.batch_isend_irecv) and waits for both, so no rank blocks on a send its
+neighbour cannot accept yet. (Ordering blocking sends and receives
 by rank parity also works: an exercise in the notebook.)
 """
 
@@ -55,12 +56,14 @@ def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
 def _exchange(send_buf: torch.Tensor, recv_buf: torch.Tensor, right: int, left: int,
               group, traffic: Counter | None) -> None:
     """Send to the right neighbour and receive from the left one at the same time."""
-    requests = []
+    ops = []
     if send_buf.numel():  # both ends know the chunk sizes, so both skip empty chunks
-        requests.append(dist.isend(send_buf, dst=right, group=group))
+        ops.append(dist.P2POp(dist.isend, send_buf, right, group))
     if recv_buf.numel():
-        requests.append(dist.irecv(recv_buf, src=left, group=group))
-    for request in requests:
+        ops.append(dist.P2POp(dist.irecv, recv_buf, left, group))
+    # Post both, then wait for both. batch_isend_irecv is isend + irecv on gloo; on NCCL it
+    # also groups them, which a ring of 2 (left == right) needs to avoid a deadlock.
+    for request in dist.batch_isend_irecv(ops) if ops else []:
         request.wait()
     if traffic is not None:
         traffic["sent"] += send_buf.numel() * send_buf.element_size()
