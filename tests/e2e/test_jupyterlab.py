@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 ARTIFACTS = REPO / "test-artifacts" / "e2e"
 LESSON_00 = REPO / "lessons" / "00_first_distributed_run.ipynb"
+INDEX = REPO / "lessons" / "index.ipynb"
 SCRIPT = HERE / "scripts" / "train_steps.py"
 
 # The notebook the scenario tests run, one cell each; the script is train_steps.py.
@@ -62,11 +63,13 @@ def script_line(text: str) -> int:
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab server whose folder holds lesson 00, runs.ipynb and scripts/."""
+    """A JupyterLab server whose folder holds the course index, lesson 00, runs.ipynb and
+    scripts/."""
     root = tmp_path_factory.mktemp("lab-root")
     shutil.copytree(HERE / "scripts", root / "scripts")
     assert LESSON_00.exists(), f"{LESSON_00} is missing: the browser tests open lesson 00"
     shutil.copy(LESSON_00, root)
+    shutil.copy(INDEX, root)
     shutil.copytree(LESSON_00.with_suffix(""), root / LESSON_00.stem,
                     ignore=shutil.ignore_patterns("runs", "__pycache__", ".ipynb_checkpoints"))
     notebook = nbformat.v4.new_notebook()
@@ -74,6 +77,7 @@ def lab(tmp_path_factory):
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                        "language": "python"}
     nbformat.write(notebook, root / "runs.ipynb")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for old in ARTIFACTS.glob("*.png"):
         old.unlink()
     server = start_lab(root, tmp_path_factory.mktemp("lab-state"))
@@ -105,7 +109,7 @@ def _new_page(browser):
 
 
 @pytest.fixture(scope="module")
-def runs(lab, browser):
+def runs(browser, lab):
     """runs.ipynb open in JupyterLab, its import cell run."""
     context, page = _new_page(browser)
     notebook = NotebookPage(page, lab, "runs.ipynb").open()
@@ -122,13 +126,41 @@ def scenario(runs, request):
     failed_before = request.session.testsfailed
     yield runs
     if request.session.testsfailed > failed_before:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        runs.page.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"))
+        _on_failure_screenshot(runs.page, request)
+
+
+def _on_failure_screenshot(page, request) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"))
 
 
 # --------------------------------------------------------------------- tests
 @pytest.mark.timeout(300)
-def test_lesson_00_launch_cell_shows_one_pane_per_rank(lab, browser, request):
+def test_course_index_renders_and_its_links_open_the_lessons(browser, lab, request):
+    context, page = _new_page(browser)
+    try:
+        index = NotebookPage(page, lab, INDEX.name).open()
+        cell = index.panel.locator(".jp-Cell", has_text="what you learn").first
+        lessons = cell.locator(".jp-RenderedMarkdown table")
+        rows = lessons.locator("tbody tr")
+        assert rows.count() >= 7, "lessons 00 to 06"
+        assert rows.first.inner_text().startswith("00 · Your first distributed run")
+        assert lessons.locator("a").first.inner_text() == "00 · Your first distributed run"
+        cell.screenshot(path=str(ARTIFACTS / "00-course-index.png"))
+
+        lessons.locator("a").first.click()  # JupyterLab opens the linked notebook in a tab
+        tab = page.locator(".lm-TabBar-tab.lm-mod-current", has_text=LESSON_00.name)
+        tab.wait_for(timeout=60_000)
+        page.locator(".jp-NotebookPanel:visible .jp-RenderedMarkdown h1",
+                     has_text="Lesson 00").wait_for(timeout=60_000)
+    except BaseException:
+        _on_failure_screenshot(page, request)
+        raise
+    finally:
+        context.close()
+
+
+@pytest.mark.timeout(300)
+def test_lesson_00_launch_cell_shows_one_pane_per_rank(browser, lab, request):
     source = nbformat.read(lab.root / LESSON_00.name, as_version=4)
     launch_cell = next(i for i, c in enumerate(source.cells)
                        if c.cell_type == "code" and re.search(r"=\s*launch\(", c.source))
@@ -153,8 +185,7 @@ def test_lesson_00_launch_cell_shows_one_pane_per_rank(lab, browser, request):
         assert f"run finished: {nproc} rank(s)" in view.summary.inner_text()
         lesson.screenshot(launch_cell, ARTIFACTS / "01-lesson00-launch-cell.png")
     except BaseException:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"failed-{request.node.name}.png"))
+        _on_failure_screenshot(page, request)
         raise
     finally:
         context.close()
