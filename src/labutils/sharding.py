@@ -62,6 +62,9 @@ class Coverage:
         if self.exact:
             return f"every one of the {self.n_items} items seen exactly once"
         parts = [f"{self.seen} items seen for {self.n_items} in the dataset"]
+        counts = set(self.duplicated.values())
+        if not self.missing and len(self.duplicated) == self.n_items and len(counts) == 1:
+            return f"{parts[0]}: every item {counts.pop()} times"
         if self.missing:
             parts.append(f"missing {self.missing}")
         if self.duplicated:

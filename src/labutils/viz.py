@@ -377,11 +377,18 @@ def plot_ownership(
     ranks = sorted({r for shards in ownership.values() for r in shards})
     width = max((len(items) for shards in ownership.values() for items in shards.values()), default=1)
     epochs = list(ownership)
-    fig, axes = plt.subplots(1, len(epochs), figsize=(max(4.2 * len(epochs), 6.0), 1.4 + 0.55 * len(ranks)),
-                             squeeze=False)
+    panel_w, panel_h = 1.4 + 0.5 * width, 1.3 + 0.5 * len(ranks)
+    if panel_w * len(epochs) <= 14:  # panels side by side while they fit a notebook's width
+        fig, axes = plt.subplots(1, len(epochs), figsize=(max(panel_w * len(epochs), 6.0), panel_h + 0.5),
+                                 squeeze=False)
+        panels = list(axes[0])
+    else:  # long shards: one panel per row
+        fig, axes = plt.subplots(len(epochs), 1, figsize=(min(max(panel_w, 6.0), 14.0),
+                                                          panel_h * len(epochs) + 0.5), squeeze=False)
+        panels = list(axes[:, 0])
     base = plt.get_cmap("tab20")
     cmap = ListedColormap([base(i % 20) for i in range(max(n_items, 1))])
-    for ax, epoch in zip(axes[0], epochs):
+    for ax, epoch in zip(panels, epochs):
         shards = ownership[epoch]
         dup = checks[epoch].duplicated
         for y, rank in enumerate(ranks):

@@ -1,0 +1,103 @@
+"""Helpers for the lesson 04 notebook: index lists, coverage verdicts, tables, the self-check.
+
+The rank scripts (ownership.py, evaluate.py, uneven.py, workers.py) do not import
+this module; only the notebook does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from labutils.sharding import coverage, ownership
+from labutils.tables import text_table
+
+
+def index_lists(records: Iterable[dict], setup: str) -> str:
+    """The items every rank saw, per epoch, for one set-up of ownership.py."""
+    own = ownership(records, setup=setup)
+    lines = []
+    for epoch, shards in own.items():
+        cells = "  ".join(f"rank {r}: {items}" for r, items in shards.items())
+        lines.append(f"epoch {epoch}:  {cells}")
+    return "\n".join(lines)
+
+
+def verdict(records: Iterable[dict], setup: str, *, n_items: int) -> str:
+    """The checks a correct data-parallel epoch passes, for one set-up."""
+    own = ownership(records, setup=setup)
+    lines = [f"epoch {epoch}: {coverage(shards, n_items=n_items)}" for epoch, shards in own.items()]
+    ranks = sorted({r for shards in own.values() for r in shards})
+    same_rank_order = all(len({tuple(own[e][r]) for e in own}) == 1 for r in ranks)
+    same_across_ranks = all(len({tuple(shards[r]) for r in ranks}) == 1 for shards in own.values())
+    lines.append(f"every rank sees the same items as the others: {same_across_ranks}")
+    lines.append(f"every epoch repeats the previous order:        {same_rank_order}")
+    return "\n".join(lines)
+
+
+def eval_table(records: Iterable[dict]) -> str:
+    """Per evaluation: each rank's shard, the predictions counted and the accuracy."""
+    rows = []
+    ways = []
+    for rec in records:
+        if rec.get("way") and rec["way"] not in ways:
+            ways.append(rec["way"])
+    for way in ways:
+        recs = sorted((r for r in records if r.get("way") == way), key=lambda r: r["rank"])
+        shards = " ".join(str(r["shard"]) for r in recs if "shard" in r) or "all 10 items, one process"
+        first = recs[0]
+        rows.append([way, shards, first["predictions"], first["correct"], f"{first['accuracy']:g}"])
+    return text_table(["evaluation", "shards of ranks 0..3", "predictions", "correct", "accuracy"],
+                      rows, right=[2, 3, 4])
+
+
+def worker_table(records: Iterable[dict], loader: str) -> str:
+    """What each rank's workers drew for each item, per epoch, for one loader of workers.py."""
+    rows = []
+    for rec in sorted((r for r in records if r.get("loader") == loader),
+                      key=lambda r: (r["epoch"], r["rank"])):
+        for item, worker, t, n in rec["rows"]:
+            rows.append([rec["epoch"], rec["rank"], item, worker, f"{t:.4f}", f"{n:.4f}"])
+    return text_table(["epoch", "rank", "item", "worker", "torch.rand", "np.random.rand"], rows,
+                      right=[0, 1, 2, 3, 4, 5])
+
+
+def repeated_draws(records: Iterable[dict], loader: str) -> int:
+    """How many (epoch, position) draws are identical on every rank."""
+    by_key: dict[tuple, set] = {}
+    for rec in records:
+        if rec.get("loader") == loader:
+            for pos, (_, _, t, n) in enumerate(rec["rows"]):
+                by_key.setdefault((rec["epoch"], pos), set()).add((t, n))
+    return sum(1 for draws in by_key.values() if len(draws) == 1)
+
+
+def check_answers(answers: dict) -> None:
+    """Print, per question, whether the answer is right (answers left as None are skipped)."""
+    expected = {
+        "q1_rank3_items_10_on_4": ([3, 7, 1], "stride 4 from 3; the list is padded with its first items to 12"),
+        "q2_predictions_10_on_4_padded": (12, "ceil(10 / 4) = 3 per rank"),
+        "q3_rank2_items_drop_last_10_on_4": ([2, 6], "floor(10 / 4) = 2 per rank, no padding"),
+        "q4_epochs_same_order_without_set_epoch": (True, "the shuffle is seeded with seed + epoch"),
+        "q5_join_context": ("join", "with ddp.join(): around the training loop"),
+    }
+    unknown = sorted(set(answers) - set(expected))
+    if unknown:
+        print(f"unknown question names {unknown}; expected {sorted(expected)}")
+    for name, (want, hint) in expected.items():
+        given = answers.get(name)
+        if given is None:
+            print(f"{name}: not answered yet")
+            continue
+        if isinstance(want, bool):
+            ok = given is want
+        elif isinstance(want, str):
+            ok = want in str(given).lower()
+        elif isinstance(want, list):
+            ok = list(given) == want if isinstance(given, (list, tuple)) else False
+        else:
+            ok = isinstance(given, (int, float)) and math.isclose(given, want)
+        print(f"{name}: correct" if ok else f"{name}: not quite ({given!r}); hint: {hint}")
+
+
+__all__ = ["index_lists", "verdict", "eval_table", "worker_table", "repeated_draws", "check_answers"]

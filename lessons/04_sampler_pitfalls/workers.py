@@ -1,0 +1,64 @@
+"""DataLoader workers: where their random numbers come from, on every rank.
+
+Run it on 2 ranks, from the lessons folder:
+
+    torchrun --standalone --nproc-per-node 2 04_sampler_pitfalls/workers.py
+
+or from the notebook: launch("04_sampler_pitfalls/workers.py", nproc=2).
+
+Each item gets a random "augmentation" (a torch and a numpy random number) drawn in
+the DataLoader worker that loads it (2 workers per rank). Every rank seeds torch with
+the same seed, as scripts do to build identical models. For each loader in LOADERS,
+every rank reports, per epoch, the items it loaded, the worker that loaded each, and
+the numbers drawn. Then: what pin_memory=True says on a machine without GPU.
+"""
+
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
+
+from labutils.dist import init, report
+
+rank, world_size, device = init()
+torch.manual_seed(0)  # the same seed on every rank (identical models)
+
+
+class Augmented(Dataset):
+    """Item i, with the worker that loaded it and two random numbers drawn there."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        worker = get_worker_info()
+        return i, worker.id if worker else -1, torch.rand(1).item(), float(np.random.rand())
+
+
+def make_loader(kind: str) -> DataLoader:
+    dataset = Augmented()
+    sampler = DistributedSampler(dataset, shuffle=False)
+    if kind == "same seed on every rank":
+        return DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2)
+    # The fix: the workers' seeds derive from this generator; give each rank its own.
+    generator = torch.Generator().manual_seed(1000 + rank)
+    return DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2, generator=generator)
+
+
+LOADERS = ["same seed on every rank", "generator seeded with the rank"]
+for kind in LOADERS:
+    loader = make_loader(kind)
+    for epoch in range(2):
+        rows = [(int(i), int(w), round(t, 4), round(n, 4))
+                for items, workers, t_draws, n_draws in loader
+                for i, w, t, n in zip(items, workers, t_draws.tolist(), n_draws.tolist())]
+        report(loader=kind, epoch=epoch, rows=rows)
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    next(iter(DataLoader(Augmented(), batch_size=2, pin_memory=True)))
+if rank == 0:
+    report(pin_memory_warnings=[str(w.message) for w in caught])
+dist.destroy_process_group()
