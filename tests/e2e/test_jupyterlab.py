@@ -175,15 +175,25 @@ def test_lesson_00_launch_cell_shows_one_pane_per_rank(browser, lab, request):
         lesson.run(launch_cell)
         view = RunView(lesson.cell(launch_cell))
         wait_for(lambda: view.count() == nproc, timeout=60, what=f"{nproc} rank panes")
+
+        def own_lines() -> bool:  # each pane holds its own rank's line (env_report.py)
+            return all(f"RANK={r} LOCAL_RANK={r}" in view.body(r) for r in range(nproc))
+
+        wait_for(lambda: own_lines() or not lesson.busy(launch_cell), timeout=240,
+                 what="every pane to show its rank's line")
+        # The ranks print first, then join the group, report and exit: the lines must be
+        # in the panes before the cell has finished, not only at the end.
+        assert lesson.busy(launch_cell), "the panes filled only when the cell had finished"
+        lesson.screenshot(launch_cell, ARTIFACTS / "01-lesson00-mid-run.png")
         lesson.wait_finished(launch_cell, timeout=240)
 
         assert view.states() == ["done"] * nproc
-        for rank in range(nproc):  # each pane holds its own rank's lines (env_report.py)
-            assert f"RANK={rank} LOCAL_RANK={rank}" in view.body(rank), view.body(rank)
+        assert own_lines()
+        for rank in range(nproc):
             others = [r for r in range(nproc) if r != rank]
             assert not any(f"RANK={r} " in view.body(rank) for r in others)
         assert f"run finished: {nproc} rank(s)" in view.summary.inner_text()
-        lesson.screenshot(launch_cell, ARTIFACTS / "01-lesson00-launch-cell.png")
+        lesson.screenshot(launch_cell, ARTIFACTS / "01-lesson00-finished.png")
     except BaseException:
         _on_failure_screenshot(page, request)
         raise
