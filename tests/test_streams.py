@@ -54,3 +54,20 @@ def test_event_tail_skips_a_torn_last_line(tmp_path):
         f.write(b'{"kind": "reco')
     events = EventTail(tmp_path, 1).poll(final=True)
     assert events == [{"kind": "start", "pid": 1}]
+
+
+def test_paths_are_shortened_for_reading(tmp_path, monkeypatch):
+    import sys
+
+    from labutils.runfiles import short_path, shorten_traceback_paths
+
+    monkeypatch.chdir(tmp_path)
+    site = f"{sys.prefix}/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    assert short_path(str(tmp_path / "lesson" / "train.py")) == "lesson/train.py"
+    assert short_path(site) == ".../site-packages/torch/distributed/distributed_c10d.py"
+    assert short_path("/elsewhere/x.py") == "/elsewhere/x.py"
+    assert short_path("<frozen runpy>") == "<frozen runpy>"
+    text = f'  File "{tmp_path}/train.py", line 3, in <module>\n  File "{site}", line 9, in f\n'
+    assert shorten_traceback_paths(text) == (
+        '  File "train.py", line 3, in <module>\n'
+        '  File ".../site-packages/torch/distributed/distributed_c10d.py", line 9, in f\n')

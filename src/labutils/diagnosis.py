@@ -21,6 +21,8 @@ import signal
 from collections import Counter
 from dataclasses import dataclass, field
 
+from labutils.runfiles import short_path
+
 # Messages of ranks that failed only because a peer went away first.
 _VICTIM_PATTERNS = (
     "connection closed by peer",
@@ -285,8 +287,9 @@ def analyse_hang(
         while frames and _is_bootstrap(frames[-1].file):  # runpy and worker.py under the script
             frames.pop()
         frames_of[rank] = frames
-        stacks[rank] = "\n".join(f'  File "{f.file}", line {f.line} in {f.func}' for f in frames) \
-            or dumps[rank].strip() or "(no stack received)"
+        stacks[rank] = "\n".join(
+            f'  File "{short_path(f.file)}", line {f.line} in {f.func}' for f in frames
+        ) or dumps[rank].strip() or "(no stack received)"
         at = user_frame(frames, script)
         waiting[rank] = f"{_short(at.file)}:{at.line}" if at else "unknown"
         calls[rank] = collective_of(frames, at)

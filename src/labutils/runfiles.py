@@ -32,7 +32,9 @@ ENV_PARENT_PID = "LABUTILS_PARENT_PID"
 ENV_RANK_OFFSET = "LABUTILS_RANK_OFFSET"
 ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
 # JSON list of {"restart": K, "rank": R, "step": S[, "phase": P]}: in restart K, rank R
-# SIGKILLs itself when it calls report(step=S[, phase=P]).
+# SIGKILLs itself when it calls report(step=S[, phase=P]); {"restart": K, "agent": A,
+# "step": S}: the rank of agent A that reports step S first SIGKILLs that agent, then
+# itself (the agent's other ranks die with it).
 ENV_FAULT = "LABUTILS_FAULT"
 
 STREAMS = ("stdout", "stderr")
@@ -56,6 +58,32 @@ def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
 
 def agent_log_path(run_dir: str | os.PathLike, agent: int) -> Path:
     return Path(run_dir) / ("agent.log" if agent == 0 else f"agent{agent}.log")
+
+
+def short_path(path: str) -> str:
+    """A path as a learner wants to read it: relative to the current folder when inside
+    it, with the installation's prefix cut from library files; other paths unchanged."""
+    import sys
+
+    if not path or path.startswith("<"):
+        return path
+    for marker in ("site-packages", "dist-packages"):
+        if f"{os.sep}{marker}{os.sep}" in path:
+            return "..." + os.sep + marker + path.split(marker, 1)[1]
+    cwd = os.getcwd() + os.sep
+    if path.startswith(cwd):
+        return path[len(cwd):]
+    stdlib = os.path.join(sys.base_prefix, "lib") + os.sep
+    if path.startswith(stdlib):
+        return "..." + os.sep + path[len(stdlib):]
+    return path
+
+
+def shorten_traceback_paths(text: str) -> str:
+    """Every 'File "..."' of a traceback or stack dump through short_path()."""
+    import re
+
+    return re.sub(r'File "([^"]+)"', lambda m: f'File "{short_path(m.group(1))}"', text)
 
 
 def encode_event(event: dict) -> bytes:

@@ -108,7 +108,8 @@ def describe_exception(exc: BaseException, script: str) -> dict:
         "file": file,
         "line": line,
         "source": (where.line or "").strip() if where else "",
-        "traceback": "".join(te.format()),
+        # Paths shortened as a learner reads them; "file" stays absolute for tools.
+        "traceback": runfiles.shorten_traceback_paths("".join(te.format())),
     }
 
 
