@@ -1,0 +1,51 @@
+"""The three dependency lists agree: pyproject.toml, environment.yml, requirements.lock."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PIN = re.compile(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==([^\s;#]+)")
+
+
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        m = PIN.match(line)
+        if m:
+            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return pins
+
+
+def pyproject_pins() -> dict[str, str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        deps += extra
+    unpinned = [d for d in deps if "==" not in d]
+    assert not unpinned, f"pyproject.toml has unpinned dependencies: {unpinned}"
+    return _pins(deps)
+
+
+def test_torch_is_pinned_to_the_tested_release():
+    assert pyproject_pins()["torch"] == "2.13.0"
+
+
+def test_environment_yml_matches_pyproject():
+    env = _pins((REPO / "environment.yml").read_text().splitlines())
+    assert env == pyproject_pins()
+
+
+def test_lock_contains_every_direct_pin():
+    lock = _pins((REPO / "requirements.lock").read_text().splitlines())
+    for name, version in pyproject_pins().items():
+        assert lock.get(name) == version, f"requirements.lock: {name}=={lock.get(name)}, " \
+                                          f"pyproject.toml: {name}=={version}"
+
+
+def test_lock_is_fully_pinned():
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            assert PIN.match(line), f"unpinned line in requirements.lock: {line}"
