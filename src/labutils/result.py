@@ -166,7 +166,7 @@ class RunResult:
                 call = f" in {h.calls[rank]}()" if h.calls.get(rank) else ""
                 src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
                 mark = "  <- straggler" if rank in h.stragglers else ""
-                lines.append(f"  rank {rank} waits at {where}{call}{src}{mark}")
+                lines.append(f"  rank {rank} waits at {where}{call}{mark}{src}")
             for rank, code in h.exited.items():
                 lines.append(f"  rank {rank} had already exited (code {code})")
         return "\n".join(lines)
