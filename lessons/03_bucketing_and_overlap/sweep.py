@@ -40,7 +40,7 @@ from labutils.timing import median, time_calls  # noqa: E402
 parser = argparse.ArgumentParser()
 parser.add_argument("--models", default="deep128,deep256", help="model sizes from models.WIDTHS")
 parser.add_argument("--caps", default="0.0625,0.25,1,4,16", help="bucket_cap_mb values")
-parser.add_argument("--steps", type=int, default=5, help="timed steps per point")
+parser.add_argument("--steps", type=int, default=9, help="timed rounds (one step of every setting each)")
 args = parser.parse_args()
 
 rank, world_size, device = init()
