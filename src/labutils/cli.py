@@ -38,7 +38,7 @@ def _launch_parser(sub) -> None:
     who.add_argument("--kill-rank", type=int, default=None,
                      help="SIGKILL this rank inside its report(step=STEP) in the first attempt")
     who.add_argument("--kill-agent", type=int, default=None,
-                     help="SIGKILL this agent and its ranks when any rank reports STEP "
+                     help="SIGKILL this agent and its ranks when one of them reports STEP "
                      "(a node leaves; needs --nnodes MIN:MAX with several agents)")
     fault.add_argument("--kill-at-step", default=None, metavar="STEP",
                        help="the step, or LO:HI for a step drawn with --fault-seed")

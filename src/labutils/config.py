@@ -44,8 +44,8 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Checked faults, one per attempt at most: {"restart": k, "rank": R, "step": S
     # [, "phase": P]} SIGKILLs rank R when it reports step S in restart k;
-    # {"restart": k, "agent": A, "step": S} stops agent A and its ranks when any rank
-    # reports step S in attempt k.
+    # {"restart": k, "agent": A, "step": S} stops agent A and its ranks when one of
+    # A's ranks reports step S in A's restart k.
     faults: list[dict] = field(default_factory=list)
     rdzv_conf: dict[str, str] = field(default_factory=dict)
 
@@ -182,7 +182,7 @@ def check_faults(fault, *, world_size: int, max_restarts: int, local_agents: int
     - "phase": P added to a rank fault matches only report(step=S, phase=P), e.g. a
       report made in the middle of writing a checkpoint;
     - {"agent": A, "step": S}: stop agent A and its ranks (SIGKILL, as when a machine
-      dies) once any rank reports step S; needs several agents.
+      dies) the moment one of A's ranks reports step S; needs several agents.
 
     Each entry of a list is for one attempt: the k-th fires when torchrun's restart
     count (TORCHELASTIC_RESTART_COUNT) is k. Every fault needs a restart to recover

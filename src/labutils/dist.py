@@ -135,28 +135,41 @@ def report(**values: Any) -> None:
 
 
 def _maybe_inject_fault(values: dict) -> None:
-    """Fault injection for launch(fault=...): SIGKILL this rank at the chosen step.
+    """Fault injection for launch(fault=...): SIGKILL at the chosen step, from inside it.
 
-    The launcher passes the faults as JSON, each for one restart count: rank R dies
-    inside report(step=S) (and phase=P, when the fault names one), right after the
-    record is written, so the kill happens exactly there. Each fault fires in its own
+    The launcher passes the faults as JSON, each for one restart count. A rank fault
+    kills rank R inside its report(step=S) (and phase=P, when the fault names one),
+    right after the record is written, so the kill happens exactly there. An agent
+    fault kills agent A (its torchrun process, and with it, through the parent-death
+    signal, every rank it runs) when one of A's ranks reports step S: done here,
+    inside the step, because the launcher reads records later than they are written,
+    by which time a fast script may have finished. Each fault fires in its own
     attempt only, so the restarted run can get past that step.
     """
     spec = os.environ.get(runfiles.ENV_FAULT)
     if not spec or values.get("step") is None:
         return
     import json
+    import signal
+    import sys
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    agent = int(os.environ.get(runfiles.ENV_AGENT_INDEX, "0"))
     for fault in json.loads(spec):
-        if (fault.get("restart", 0) == restart and fault["rank"] == rank()
-                and fault["step"] == values["step"] and fault.get("phase") == values.get("phase")):
-            import signal
-            import sys
-
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.get("restart", 0) != restart or fault["step"] != values["step"] \
+                or fault.get("phase") != values.get("phase"):
+            continue
+        if "agent" in fault and fault["agent"] == agent:
+            runfiles.event_writer().write({"kind": "fault", "t": time.time(), "agent": agent,
+                                           "step": fault["step"], "restart": restart})
+            agent_pid = os.environ.get(runfiles.ENV_AGENT_PID)
+            if agent_pid:
+                os.kill(int(agent_pid), signal.SIGKILL)
+        elif fault.get("rank") != rank():
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:

@@ -39,6 +39,9 @@ POLL_S = 0.05
 TICK_S = 0.2
 STACK_WAIT_S = 3.0
 AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvous host
+# How long agents may linger once every rank has finished while an agent is gone by an
+# injected fault: torchrun's exit barrier would wait 300 s for the agent that left.
+EXIT_BARRIER_GRACE_S = 2.0
 _AGENT_FAILURE_RE = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
 )
@@ -103,6 +106,7 @@ class Launch:
         self.hang = None
         self.command: list[str] = []
         self._host_gone_at: float | None = None
+        self._finished_at: float | None = None
 
     @property
     def proc(self) -> subprocess.Popen | None:
@@ -130,9 +134,8 @@ class Launch:
         # Re-initialising gloo through the agent's shared store after a restart fails
         # intermittently; a store per round does not (CURRICULUM.md, lesson 05).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        rank_faults = [f for f in spec.faults if "rank" in f]
-        if rank_faults:
-            env[runfiles.ENV_FAULT] = json.dumps(rank_faults)
+        if spec.faults:  # the ranks carry them out, inside report(step=S): see dist.py
+            env[runfiles.ENV_FAULT] = json.dumps(spec.faults)
         if spec.world_size > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
         self.t0 = time.monotonic()
@@ -180,7 +183,9 @@ class Launch:
             if self._agents_done(now):
                 self._poll(final=True)
                 codes = [a.proc.poll() for a in self.agents if not a.stopped_by_fault]
-                self.reason = "ok" if all(c == 0 for c in codes) else "failed"
+                finished = self._finished_at is not None  # the rest wait in the exit barrier
+                self.reason = "ok" if all(c == 0 or (c is None and finished) for c in codes) \
+                    else "failed"
                 return
             if self.display.stop_requested.is_set():
                 self.display.note("stop requested: stopping every rank")
@@ -201,9 +206,17 @@ class Launch:
             time.sleep(POLL_S)
 
     def _agents_done(self, now: float) -> bool:
-        """Every agent has exited, or agent 0 (the rendezvous host) exited a while ago."""
+        """Every agent has exited, or agent 0 (the rendezvous host) exited a while ago,
+        or every rank finished after an agent left by a fault (the others would wait
+        in torchrun's exit barrier for the agent that is gone)."""
         if not any(a.alive() for a in self.agents):
             return True
+        left = {a.index for a in self.agents if a.stopped_by_fault}
+        if left and self.current and all(r.attempt == self.attempt and r.exit_code == 0
+                                         for r in self._members() if r.agent not in left):
+            self._finished_at = self._finished_at or now
+            if now - self._finished_at >= EXIT_BARRIER_GRACE_S:
+                return True
         if self.agents[0].alive():
             return False
         if self._host_gone_at is None:
@@ -275,7 +288,8 @@ class Launch:
             values = ev.get("values", {})
             self.records.append({"rank": r.rank, **values})
             self.display.record(r.rank, values)
-            self._maybe_stop_agent(values)
+        elif kind == "fault":
+            self._agent_fault_fired(ev)
         elif kind == "exception":
             r.exceptions[r.attempt] = ev
             self._set_state(r, "failed")
@@ -317,23 +331,30 @@ class Launch:
         self.current = {"world_size": int(ev.get("world_size", 1)),
                         "restart_count": int(ev.get("restart", 0)), "agents": {}}
 
-    def _maybe_stop_agent(self, values: dict) -> None:
-        """Fire this attempt's agent fault when any rank reports its step."""
-        if self.attempt in self.fired or values.get("step") is None:
+    def _agent_fault_fired(self, ev: dict) -> None:
+        """A rank of agent A killed its agent at step S (the fault's "fault" event)."""
+        if self.attempt in self.fired:
             return
         for i, fault in enumerate(self.spec.faults):
-            if "agent" in fault and fault["restart"] == self.attempt and fault["step"] == values["step"]:
+            if fault.get("agent") == ev.get("agent") and fault["step"] == ev.get("step") \
+                    and fault["restart"] == ev.get("restart"):
                 self.fired[self.attempt] = i
                 self._stop_agent(fault)
                 return
 
     def _stop_agent(self, fault: dict) -> None:
-        """SIGKILL one agent and its ranks at once, as when their machine dies."""
+        """Make sure one agent and its ranks are gone, as when their machine dies.
+
+        The rank that reported the step has already SIGKILLed the agent and itself;
+        this reaches whatever else of the agent's tree is still alive.
+        """
         agent = self.agents[fault["agent"]]
-        if agent.alive():
-            _signal_all([agent.proc.pid, *descendants(agent.proc.pid)], signal.SIGKILL)
-        agent.stopped_by_fault = fault
         gone = sorted(self.current.get("agents", {}).get(agent.index, []))
+        pids = [self.ranks[rank].pid for rank in gone if self._alive(self.ranks[rank])]
+        if agent.alive():
+            pids = [agent.proc.pid, *descendants(agent.proc.pid), *pids]
+        _signal_all(pids, signal.SIGKILL)
+        agent.stopped_by_fault = fault
         for rank in gone:
             self.ranks[rank].exit_code = -signal.SIGKILL
             self._set_state(self.ranks[rank], "killed")
@@ -587,8 +608,8 @@ def launch(
             max_restarts >= the number of faults. {"rank": R, "step": S}: rank R is
             SIGKILLed inside its report(step=S); "step": (lo, hi) with "seed": k draws
             the step; "phase": P matches only report(step=S, phase=P). {"agent": A,
-            "step": S}: agent A and its ranks are SIGKILLed when any rank reports step
-            S (a node leaves; needs several agents). The restart history is in
+            "step": S}: agent A and its ranks are SIGKILLed inside the report(step=S)
+            of one of A's ranks (a node leaves; needs several agents). The restart history is in
             result.attempts.
         nnodes: torchrun's --nnodes, N or "MIN:MAX": the run continues while at least
             MIN agents (nodes) are there and admits up to MAX.

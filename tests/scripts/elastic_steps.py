@@ -17,6 +17,7 @@ rank, world_size, device = init()
 ckpt, steps = sys.argv[1], int(sys.argv[2])
 start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+report(resumed_at=start, restart=restart)
 for step in range(start, steps):
     total = torch.ones(1)
     dist.all_reduce(total)
