@@ -23,7 +23,6 @@ Checks never read the learner's notebook: only what fresh runs of the scripts do
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -238,11 +237,6 @@ class Run:
             "restarts": self.restarts,
             "problem": self.problem,
         }
-
-
-def weights_digest(values: list[float]) -> str:
-    """A short fingerprint of a list of floats, for feedback lines."""
-    return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:12]
 
 
 class Checker:
