@@ -52,7 +52,7 @@ def close_figures():
     ],
 )
 def test_predict_buckets(sizes, cap, first, buckets):
-    assert predict_buckets(sizes, cap, first_cap_bytes=first) == buckets
+    assert predict_buckets(sizes, cap_bytes=cap, first_cap_bytes=first) == buckets
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_predict_buckets(sizes, cap, first, buckets):
 )
 def test_predict_buckets_rejects(sizes, cap, first, fragment):
     with pytest.raises(InputError, match=fragment):
-        predict_buckets(sizes, cap, first_cap_bytes=first)
+        predict_buckets(sizes, cap_bytes=cap, first_cap_bytes=first)
 
 
 # ----------------------------------------------------------------------- logging data
@@ -300,8 +300,8 @@ for cap in (None, 0.25, 1.0):
         F.cross_entropy(ddp(torch.randn(8, 64, generator=g)), torch.randint(0, 4, (8,), generator=g)).backward()
     info = reducer_buckets(ddp)
     order = info["ready_order"]
-    predicted = predict_buckets([info["param_bytes"][n] for n in order],
-                                info["bucket_cap_bytes"], first_cap_bytes=2**20 if cap is None else None)
+    predicted = predict_buckets([info["param_bytes"][n] for n in order], cap_bytes=info["bucket_cap_bytes"],
+                                first_cap_bytes=2**20 if cap is None else None)
     report(cap=cap, info=info, predicted=[[order[i] for i in b] for b in predicted],
            calls=[c.to_json() for c in recorder.calls], counts=recorder.counts())
 '''

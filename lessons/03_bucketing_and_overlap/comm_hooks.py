@@ -102,6 +102,8 @@ def train(cap_mb: float, state, hook, *, steps: int, on_call=None):
         with count_all_reduces(on_call) as calls:
             loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
             loss.backward()
+            if device.type == "cuda":  # time the work, not its queueing
+                torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - t0)
         sent.append(sum(c.nbytes for c in calls))
         grads.append(torch.cat([p.grad.flatten() for p in ddp.parameters()]))

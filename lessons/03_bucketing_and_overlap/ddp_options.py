@@ -65,6 +65,8 @@ for name, options in SETTINGS.items():
         F.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)  # keep .grad alive so we can look at it below
+        if device.type == "cuda":  # time the work, not its queueing
+            torch.cuda.synchronize(device)
 
     seconds = slowest(time_calls(train_step, iters=args.steps, warmup=2, sync=dist.barrier))
     buffers = {c.storage: c.nbytes for c in recorder.calls if c.iteration == recorder.iteration - 1}

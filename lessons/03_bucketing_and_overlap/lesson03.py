@@ -59,7 +59,7 @@ def bucket_predictions(records: Iterable[dict]) -> str:
         sizes = [log["param_bytes"][name] for name in order]
         cap = log["bucket_cap_bytes"]
         first = FIRST_BUCKET_BYTES if rec["cap"] == "default" else None
-        predicted = [[order[i] for i in bucket] for bucket in predict_buckets(sizes, cap, first_cap_bytes=first)]
+        predicted = [[order[i] for i in bucket] for bucket in predict_buckets(sizes, cap_bytes=cap, first_cap_bytes=first)]
         verdict = "matches DDP" if predicted == log["rebuilt_params"] else "DIFFERS from DDP"
         lines.append(f"cap {cap_label(rec['cap']):>15}: predicted {' | '.join(_members(b) for b in predicted)}"
                      f"  -> {verdict}")
@@ -214,7 +214,7 @@ def options_table(records: Iterable[dict], *, with_time: bool) -> str:
         rows.append(row)
     header = ["setting", "buckets at start", "buckets rebuilt", ".grad views into buckets",
               "gradient memory (MiB)"] + (["step time"] if with_time else [])
-    return text_table(header, rows, right=[1, 2, 4, 5][: 4 if with_time else 3])
+    return text_table(header, rows, right=[1, 2, 4] + ([5] if with_time else []))
 
 
 def unused_table(records: Iterable[dict]) -> str:

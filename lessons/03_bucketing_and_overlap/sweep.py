@@ -46,6 +46,12 @@ args = parser.parse_args()
 rank, world_size, device = init()
 
 
+def finish() -> None:
+    """Wait for the device: on GPUs the timed work must be done, not just queued."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def slowest(seconds: list[float]) -> list[float]:
     """Per call, the time of the slowest rank: a step is only as fast as the last rank."""
     t = torch.tensor(seconds, dtype=torch.float64)
@@ -58,7 +64,7 @@ sizes, times = [], []
 for nbytes in [2**k for k in range(12, 25, 2)]:  # 4 KiB .. 16 MiB
     x = torch.ones(nbytes // 4, device=device)
     sizes.append(nbytes)
-    times.append(min(slowest(time_calls(lambda: dist.all_reduce(x), iters=5, sync=dist.barrier))))
+    times.append(min(slowest(time_calls(lambda: (dist.all_reduce(x), finish()), iters=5, sync=dist.barrier))))
 if rank == 0:
     report(part="alpha_beta", nbytes=sizes, seconds=times)
 
@@ -77,6 +83,7 @@ def make_step(ddp, opt, size: str, *, sync: bool):
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        finish()
 
     return one_step
 

@@ -13,11 +13,12 @@ Used inside ranks (lesson 03)::
 
 and in notebooks and tests (pure functions)::
 
-    predict_buckets(sizes_in_ready_order, cap_bytes)   # DDP's rule for closing buckets
+    predict_buckets(sizes_in_ready_order, cap_bytes=cap)  # DDP's rule for closing buckets
     trace_spans("trace.json")                          # backward ops and all-reduces of a profiler trace
 
 Times are time.perf_counter() seconds of the rank that recorded them: compare them
-within one rank only.
+within one rank only. On GPUs they are the moments the CPU reached each hook, which
+runs ahead of the kernels; the profiler's trace shows the kernels themselves.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from labutils.errors import InputError
 __all__ = [
     "BucketCall", "BucketRecorder", "record_hook", "LayerSpan", "BackwardTimer",
     "reducer_param_names", "reducer_buckets", "parse_index_lists", "parse_sizes",
-    "predict_buckets", "busy_seconds", "overlap_seconds", "CollectiveCall", "count_all_reduces", "trace_spans", "rank_output_dir",
+    "predict_buckets", "busy_seconds", "overlap_seconds", "CollectiveCall",
+    "count_all_reduces", "trace_spans", "rank_output_dir",
 ]
 
 
@@ -284,7 +286,7 @@ def reducer_buckets(ddp) -> dict:
     }
 
 
-def predict_buckets(sizes: Sequence[int], cap_bytes: int, *,
+def predict_buckets(sizes: Sequence[int], *, cap_bytes: int,
                     first_cap_bytes: int | None = None) -> list[list[int]]:
     """DDP's bucketing rule (Reducer's compute_bucket_assignment_by_size), one dtype.
 
