@@ -134,3 +134,22 @@ def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, 
     hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"), exited=exited)
     assert hang.stragglers == stragglers
     assert phrase in hang.explanation
+
+
+def test_ranks_failing_with_their_own_error_are_not_victims():
+    same = "Expected to have finished reduction in the prior iteration"
+    exceptions = {0: _exc(3.0, "RuntimeError", same, 20), 1: _exc(3.1, "RuntimeError", same, 20),
+                  2: _exc(3.2, "RuntimeError", GLOO_PEER_GONE, 20)}
+    failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
+    assert failure.rank == 0 and failure.also_failed == [1] and failure.victims == [2]
+
+
+def test_a_rank_blocked_in_ddp_backward_waits_in_a_collective(tmp_path):
+    in_backward = ('Thread 0x0000000000000001 (most recent call first):\n'
+                   '  File "/x/site-packages/torch/autograd/graph.py", line 8 in _engine_run_backward\n'
+                   '  File "/x/site-packages/torch/_tensor.py", line 6 in backward\n'
+                   f'  File "{tmp_path}/train.py", line 30 in <module>\n')
+    elsewhere = ('Thread 0x0000000000000001 (most recent call first):\n'
+                 f'  File "{tmp_path}/train.py", line 12 in <module>\n')
+    hang = analyse_hang({0: in_backward, 1: elsewhere}, {0: 1, 1: 1}, str(tmp_path / "train.py"))
+    assert hang.calls[0] == "backward" and hang.stragglers == [1]

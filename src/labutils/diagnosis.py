@@ -68,6 +68,7 @@ class Failure:
     source: str = ""
     victims: list[int] = field(default_factory=list)
     exit_code: int | None = None
+    also_failed: list[int] = field(default_factory=list)  # ranks that raised their own error
 
     def __iter__(self):
         return iter((self.rank, self.exc_type, self.message, self.file, self.line, self.traceback))
@@ -80,7 +81,8 @@ class Failure:
         return {
             "rank": self.rank, "exc_type": self.exc_type, "message": self.message,
             "file": self.file, "line": self.line, "source": self.source,
-            "victims": self.victims, "exit_code": self.exit_code,
+            "victims": self.victims, "also_failed": self.also_failed,
+            "exit_code": self.exit_code,
         }
 
 
@@ -169,7 +171,13 @@ def find_failure(
             file=None, line=None, traceback="", exit_code=code,
         )
     involved = set(failed_ranks) | set(exceptions)
-    root.victims = sorted(r for r in involved if r != root.rank)
+    # Ranks that raised an error of their own (not a lost peer) failed in their own
+    # right, often with the same error as the root cause; the rest only died of it.
+    root.also_failed = sorted(
+        r for r, ev in exceptions.items()
+        if r != root.rank and not looks_like_victim(ev.get("message", ""))
+    )
+    root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
     return root
 
 
@@ -236,12 +244,18 @@ def _is_library(path: str) -> bool:
 
 
 def collective_of(frames: list[Frame], at: Frame | None) -> str:
-    """The torch.distributed call the rank is inside (closest to the learner's line)."""
-    names = [fr.func for fr in frames if fr.file.endswith(_COLLECTIVE_FILES)]
-    if at is not None and at in frames:
-        inner = frames[: frames.index(at)]
-        names = [fr.func for fr in inner if fr.file.endswith(_COLLECTIVE_FILES)]
-    return names[-1] if names else ""
+    """The torch.distributed call the rank is inside (closest to the learner's line).
+
+    A rank stuck in backward() waits for DDP's gradient all-reduce (the reducer runs
+    it from autograd hooks, out of sight of Python), so backward counts as one.
+    """
+    inner = frames[: frames.index(at)] if at is not None and at in frames else frames
+    names = [fr.func for fr in inner if fr.file.endswith(_COLLECTIVE_FILES)]
+    if names:
+        return names[-1]
+    if any(fr.func == "backward" and "torch" in fr.file for fr in inner):
+        return "backward"
+    return ""
 
 
 @dataclass

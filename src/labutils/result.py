@@ -152,6 +152,10 @@ class RunResult:
             f = self.failure
             lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {f.message}")
             lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
+            if f.also_failed:
+                who = "rank" if len(f.also_failed) == 1 else "ranks"
+                lines.append(f"  {who} {', '.join(map(str, f.also_failed))} raised errors of "
+                             "their own too (see their stderr)")
             if f.victims:
                 who = "rank" if len(f.victims) == 1 else "ranks"
                 lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because rank "
