@@ -241,11 +241,11 @@ class Launch:
 
     def _shutdown(self) -> None:
         pids = [r.pid for r in self.ranks if r.pid and pid_alive(r.pid)]
-        for agent in self.agents:
-            if agent.alive():
-                pids = [agent.proc.pid, *descendants(agent.proc.pid), *pids]
+        agents = [agent.proc.pid for agent in self.agents if agent.alive()]
+        for pid in agents:
+            pids = [pid, *descendants(pid), *pids]
         if pids:
-            stop_processes(pids)
+            stop_processes(pids, supervisors=agents)
         for agent in self.agents:
             if agent.proc is None:
                 continue
