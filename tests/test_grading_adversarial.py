@@ -129,8 +129,16 @@ def _submissions(tmp_path: Path, attacks: dict) -> list[Path]:
 
 
 def _leftovers() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if MARK in line and "ps -eo" not in line]
+    """Command lines of live processes that carry MARK (read from /proc: ps cuts long lines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if MARK in line:
+            found.append(f"{entry.name} {line}")
+    return found
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -144,7 +152,7 @@ def _grade_all(tiny_lab, tmp_path, *, isolate: bool, only=None) -> tuple[dict, P
     results = grade(tiny_lab, _submissions(tmp_path, attacks), out_dir=out, jobs=2,
                     timeout=NOTEBOOK_TIMEOUT, isolate=isolate, progress=None)
     assert _leftovers() == [], "processes of a submission outlived the grading"
-    assert procs.tagged(None) == [], "a process of a submission outlived the grading"
+    assert [p for r in results for p in procs.tagged(r["tag"])] == [], "a process outlived the grading"
     assert _digest(tiny_lab) == before, "the lab's files changed"
     by = {r["name"]: r for r in results}
     assert list(by) == list(attacks)
@@ -181,8 +189,8 @@ def test_adversarial_submissions_in_the_sandbox(tiny_lab, tmp_path):
     assert status["fake_results"] == "completed" and by["fake_results"]["passed"]
     assert status["invalid_json"] == "not_run"
     assert "not valid JSON" in _notebook_output(by["invalid_json"])
-    executed = json.loads((out / "write_outside" / "executed.ipynb").read_text())
-    printed = "".join(o.get("text", "") for o in executed["cells"][-1].get("outputs", []))
+    executed = nbformat.read(out / "write_outside" / "executed.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
     assert "wrote" not in printed and printed.count("refused:") == 4
     sandbox = by["infinite_loop"]["sandbox"]
     assert "pid" in sandbox["namespaces"] and sandbox["network"] == "loopback only"
@@ -208,3 +216,29 @@ def test_learners_run_the_same_checks_from_their_folder(tiny_lab, capsys):
     (tiny_lab / "work.py").write_text("from labutils.dist import report\nreport(answer=41)\n")
     (results,) = run_checks(tiny_lab, quiet=True)
     assert results.score == 0 and "measured: answer [41]" in results.output()
+
+
+def test_interrupting_the_grader_leaves_nothing_behind(tiny_lab, tmp_path):
+    """Ctrl-C on `labutils grade`: exit status 130, every submission's process gone."""
+    import signal
+    import sys
+    import time
+
+    folder = _submissions(tmp_path, {"busy": _stray() + "\nimport time\ntime.sleep(600)"})[0]
+    grader = subprocess.Popen([sys.executable, "-m", "labutils", "grade", str(tiny_lab), str(folder),
+                               "--out", str(tmp_path / "out"), "--timeout", "300"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not _leftovers() and grader.poll() is None:
+            time.sleep(0.5)  # until the notebook runs and has spawned its strays
+        assert _leftovers(), f"the notebook never ran: {grader.poll()}"
+        grader.send_signal(signal.SIGINT)
+        _, err = grader.communicate(timeout=60)
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+            print(grader.communicate()[1][-3000:])
+    assert grader.returncode == 130, err
+    assert "interrupted" in err
+    assert _leftovers() == []

@@ -153,6 +153,10 @@ def _cmd_grade(ns: argparse.Namespace) -> int:
     except GradingError as exc:
         print(f"labutils grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("labutils grade: interrupted; every submission still running was stopped",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"results in {ns.out}/ (grades.csv, and per submission results.json, feedback.html)")
     return 1 if any(r.get("grader_error") for r in results) else 0
 

@@ -14,7 +14,8 @@ submission, start to end), report (results.json, feedback page, grades.csv),
 batch (many submissions in parallel).
 """
 
+from labutils.grading.batch import GradingError, grade
 from labutils.grading.checks import Checker, CheckResult, Part, check
 from labutils.grading.runner import run_checks
 
-__all__ = ["check", "Checker", "CheckResult", "Part", "run_checks"]
+__all__ = ["check", "Checker", "CheckResult", "Part", "run_checks", "grade", "GradingError"]

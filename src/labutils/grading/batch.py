@@ -175,6 +175,7 @@ class Batch:
         self.results: dict[str, dict] = {}
         self.executed: dict[str, bytes | None] = {}
         self.order: list[str] = []
+        self.live: dict[str, tuple[subprocess.Popen, str]] = {}  # name -> (supervisor, tag)
 
     def readonly_paths(self, sources: list[Path]) -> list[str]:
         import labutils
@@ -201,6 +202,7 @@ class Batch:
                 [sys.executable, "-m", "labutils.grading.supervisor"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             )
+            self.live[name] = (proc, tag)
             try:
                 out, _ = proc.communicate(json.dumps(job).encode(),
                                           timeout=self.timeout + self.checks_timeout + SUPERVISOR_SLACK_S)
@@ -209,10 +211,12 @@ class Batch:
             finally:
                 procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
                 proc.wait()
+                self.live.pop(name, None)
         payload = next((json.loads(line[len(nonce):]) for line in out.decode(errors="replace").splitlines()
                         if line.startswith(nonce)), None)
         result = {"name": name, "source": str(source), "lab": self.lab.folder.name,
-                  "lab_title": self.lab.title, "pass_mark": self.lab.pass_mark}
+                  "lab_title": self.lab.title, "pass_mark": self.lab.pass_mark,
+                  "tag": tag}  # LABUTILS_GRADE_TAG of every process this submission ran
         if payload is None:
             tail = log_path.read_text(errors="replace")[-2000:]
             if proc.returncode is not None and proc.returncode < 0:
@@ -237,6 +241,11 @@ class Batch:
                 [self.results[n] for n in self.order if n in self.results]))
         shutil.rmtree(root, ignore_errors=True)
         return result
+
+    def stop(self) -> None:
+        """End every submission still being graded (the grader was interrupted)."""
+        for proc, tag in list(self.live.values()):
+            procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -298,7 +307,14 @@ def grade(
 
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(one, paths, names))
+            futures = [pool.submit(one, path, name) for path, name in zip(paths, names)]
+            try:
+                results = [future.result() for future in futures]
+            except KeyboardInterrupt:  # end the submissions now, not after they finish
+                for future in futures:
+                    future.cancel()
+                batch.stop()
+                raise
         for result in results:  # a last write from memory: whatever ran meanwhile, these stand
             report.write_submission(out, result, batch.executed[result["name"]])
         report.write_atomic(out / "grades.csv", report.grades_csv(results))

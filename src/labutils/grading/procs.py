@@ -30,20 +30,19 @@ def become_subreaper() -> bool:
         return False
 
 
-def tagged(tag: str | None) -> list[int]:
-    """Processes whose environment carries LABUTILS_GRADE_TAG=tag (any tag for None)."""
-    needle = f"{TAG_ENV}={tag}".encode() if tag else f"{TAG_ENV}=".encode()
+def tagged(tag: str) -> list[int]:
+    """Processes whose environment carries LABUTILS_GRADE_TAG=tag."""
+    needle = f"{TAG_ENV}={tag}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                variables = f.read().split(b"\0")
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
         except OSError:
             continue
-        if any(v == needle or (not tag and v.startswith(needle)) for v in variables):
-            found.append(int(entry))
     return found
 
 
