@@ -203,23 +203,27 @@ class Batch:
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True,
             )
             self.live[name] = (proc, tag)
+            limit = self.timeout + self.checks_timeout + SUPERVISOR_SLACK_S
+            out, overran = b"", False
             try:
-                out, _ = proc.communicate(json.dumps(job).encode(),
-                                          timeout=self.timeout + self.checks_timeout + SUPERVISOR_SLACK_S)
+                out, _ = proc.communicate(json.dumps(job).encode(), timeout=limit)
             except subprocess.TimeoutExpired:
-                out = b""
+                overran = True
             finally:
                 procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
                 proc.wait()
                 self.live.pop(name, None)
-        payload = next((json.loads(line[len(nonce):]) for line in out.decode(errors="replace").splitlines()
+        payload = next((json.loads(line[len(nonce):])
+                        for line in out.decode(errors="replace").splitlines()
                         if line.startswith(nonce)), None)
         result = {"name": name, "source": str(source), "lab": self.lab.folder.name,
                   "lab_title": self.lab.title, "pass_mark": self.lab.pass_mark,
                   "tag": tag}  # LABUTILS_GRADE_TAG of every process this submission ran
         if payload is None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            if proc.returncode is not None and proc.returncode < 0:
+            if overran:
+                why, result["grader_error"] = f"grading took longer than {limit:g} s and was stopped", ""
+            elif proc.returncode is not None and proc.returncode < 0:
                 why = f"grading was cut short: its supervisor was killed (signal {-proc.returncode})"
                 result["grader_error"] = ""
             else:

@@ -43,7 +43,7 @@ class OutputLimit(Exception):
 
 def _engine(deadline: float, max_output_bytes: int):
     """A papermill engine whose client enforces the deadline and the output cap."""
-    from nbclient.exceptions import CellTimeoutError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
     from papermill.clientwrap import PapermillNotebookClient
     from papermill.engines import NBClientEngine
 
@@ -68,8 +68,6 @@ def _engine(deadline: float, max_output_bytes: int):
                 except Exception as exc:
                     if self.output_killed:
                         raise OutputLimit(index) from None
-                    from nbclient.exceptions import CellExecutionError
-
                     if isinstance(exc, CellExecutionError):
                         self.nb_man.cell_exception(self.nb.cells[index], cell_index=index,
                                                    exception=exc)

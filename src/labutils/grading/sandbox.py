@@ -44,9 +44,14 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000,
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
-_ST_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC}
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+# Flags a remount must keep (in a user namespace the kernel refuses to drop them).
+_ST_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+             os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME,
+             os.ST_RELATIME: MS_RELATIME}
 _CAP_VERSION_3 = 0x20080522
 _MAX_CAP = 63
+SETUP_FAILED = 125
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -92,18 +97,19 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 0x1))  # IFF_UP
 
 
-def _readonly(paths: list[str]) -> list[str]:
-    """Bind each path onto itself read-only; returns the paths that are now read-only."""
+def _readonly(paths: list[str], enforced: dict) -> None:
+    """Bind each path onto itself read-only; record which are, and why others are not."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks to the host
-    done = []
     for path in dict.fromkeys(os.path.realpath(p) for p in paths):
         if not os.path.exists(path):
             continue
-        keep = sum(ms for st, ms in _ST_FLAGS.items() if os.statvfs(path).f_flag & st)
-        _mount(path, path, None, MS_BIND | MS_REC)
-        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
-        done.append(path)
-    return done
+        try:
+            keep = sum(ms for st, ms in _ST_FLAGS.items() if os.statvfs(path).f_flag & st)
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+            enforced["readonly"].append(path)
+        except OSError as exc:  # the grader's copies and rewrites still protect results
+            enforced.setdefault("readonly_errors", []).append(f"{path}: {exc}")
 
 
 def _drop_capabilities() -> None:
@@ -162,6 +168,15 @@ def _exec(spec: dict, command: list[str], enforced: dict, outer_uid: int) -> Non
     os.execvpe(command[0], command, spec.get("env") or dict(os.environ))
 
 
+def _fail(spec: dict, message: str) -> int:
+    """The sandbox could not be set up: say so in the report (the grader's problem)."""
+    print(f"sandbox: {message}", file=sys.stderr)
+    report = spec.pop("_report_fd", None)
+    if report is not None:
+        os.write(report, json.dumps({"error": message}).encode())
+    return SETUP_FAILED
+
+
 def _init(child: int) -> int:
     """PID 1 of the namespace: reap everything, return the command's exit status."""
     status = 1
@@ -190,10 +205,10 @@ def main(argv: list[str]) -> int:
             enforced["namespaces"] = _unshare(outer_uid)
             _loopback_up()
             enforced["network"] = "loopback only"
-            enforced["readonly"] = _readonly(spec.get("readonly", []))
+            _readonly(spec.get("readonly", []), enforced)
         except OSError as exc:
-            if enforced["namespaces"]:
-                raise  # half a sandbox is worse than a clear failure
+            if enforced["namespaces"]:  # half a sandbox: a grader problem, said clearly
+                return _fail(spec, f"namespaces created, then {exc}")
             enforced["namespaces_error"] = str(exc)
     if "pid" not in enforced["namespaces"]:
         _exec(spec, command, enforced, outer_uid)  # same pid: the supervisor tracks it
@@ -207,8 +222,7 @@ def main(argv: list[str]) -> int:
                 _exec(spec, command, enforced, outer_uid)
             os._exit(_init(command_pid))
         except BaseException as exc:  # noqa: BLE001 - never fall back into the parent's code
-            print(f"sandbox: {exc}", file=sys.stderr)
-            os._exit(125)
+            os._exit(_fail(spec, str(exc)))
     _, raw = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(raw)
     return code if code >= 0 else 128 - code

@@ -325,6 +325,9 @@ class Supervisor:
         self._put_back_locked(when="while the notebook ran")
         tests, runs, grader_error = self.check_tests()
         self.enforced = self.enforced or self.checks_enforced
+        sandbox_error = self.enforced.get("error") or self.checks_enforced.get("error")
+        if sandbox_error:
+            grader_error = f"the sandbox could not be set up: {sandbox_error}"
         integrity = {
             "name": "Locked cells and lab files are unchanged", "max_score": 0.0, "score": 0.0,
             "status": "failed" if self.notes else "passed",
