@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 PYTEST_ARGS ?=
+# JupyterLab refuses to run as root unless told; containers and CI machines often are root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test setup system-deps benchmark clean
 
@@ -24,7 +26,7 @@ system-deps:
 	./scripts/install-system-deps.sh
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir=. \
+	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.port=$(PORT) --ServerApp.root_dir=. \
 	    lessons/00_first_distributed_run.ipynb
 
 test: setup
