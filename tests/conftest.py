@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,22 @@ def distributed_pids() -> list[str]:
         if not stat.startswith("Z") and _ours(pid):
             found.append(line.strip())
     return found
+
+
+@pytest.fixture(autouse=True)
+def default_sigint(request):
+    """Each test starts with Python's own SIGINT handler, and leaves it so.
+
+    Tests here interrupt launch() with SIGINT (in-process and in child processes, which
+    inherit an ignored SIGINT); a library that swaps the handler in one test must not
+    silently turn another test's Ctrl-C into nothing.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    changed = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if changed:
+        print(f"\n[conftest] {request.node.nodeid} changed the SIGINT handler; restored")
 
 
 @pytest.fixture(autouse=True)
