@@ -10,6 +10,8 @@ with units, a title, a legend, a size readable in a notebook):
 - plot_overlap_timeline: backward compute and all-reduces on one time axis (lesson 03).
 - plot_bucket_sweep: step time against bucket_cap_mb, measured and predicted (lesson 03).
 - plot_ownership: which rank saw which item, per epoch (lesson 04).
+- plot_loss_across_restarts: loss against step, one line per torchrun restart (lesson 05).
+- plot_scaling: time per step and strong/weak scaling efficiency against ranks (lesson 06).
 
 Every function returns the matplotlib Figure (created with pyplot, so a notebook
 shows it at the end of the cell); call plt.close(fig) when drawing many.
@@ -26,6 +28,7 @@ from labutils.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format
 __all__ = [
     "plot_bandwidth", "plot_bucket_sizes", "plot_overlap_timeline", "plot_bucket_sweep",
     "plot_ownership",
+    "plot_loss_across_restarts", "plot_scaling",
 ]
 
 FIGSIZE_WIDE = (12.0, 4.6)  # two panels side by side, readable in a notebook column
@@ -410,5 +413,130 @@ def plot_ownership(
         ax.set_title(f"epoch {epoch}: {status}", fontsize=9, color="black" if check.exact else "darkred")
         ax.set_aspect("equal")
     fig.suptitle(title or f"which rank saw which item ({n_items} items)")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ loss across restarts
+
+def plot_loss_across_restarts(
+    records: Sequence[Mapping],
+    *,
+    reference: Sequence[Mapping] | None = None,
+    rank: int = 0,
+    title: str = "training loss across restarts",
+):
+    """Loss against step, one colour per attempt (torchrun restart), with the world
+    size of each attempt in the legend; steps an attempt did again after a resume
+    overlap the previous attempt's line. An uninterrupted run can be drawn under it.
+
+    Args:
+        records: result.records of the run: dicts with "step", "loss" and "restart"
+            (and "world_size", optional), from every rank; only `rank`'s are drawn.
+        reference: result.records of an uninterrupted run (grey, dashed), or None.
+        rank: whose records to draw (losses differ per rank: each has its own batch).
+        title: the axes title.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    def curve(recs, what):
+        if isinstance(recs, (str, bytes)) or not isinstance(recs, Sequence):
+            raise InputError(what, expected="a list of record dicts (result.records)", given=recs,
+                             fix="pass result.records")
+        rows = [r for r in recs if isinstance(r, Mapping) and r.get("rank", rank) == rank
+                and isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
+        if not rows:
+            raise InputError(what, expected=f"records of rank {rank} with 'step' and 'loss'",
+                             given=f"{len(recs)} records", fix="report(step=step, loss=loss.item()) "
+                             "in the script, and pass result.records")
+        return rows
+
+    rows = curve(records, "records")
+    fig, ax = plt.subplots(figsize=(9.0, 4.2))
+    if reference is not None:
+        ref = sorted(curve(reference, "reference"), key=lambda r: r["step"])
+        ax.plot([r["step"] for r in ref], [r["loss"] for r in ref], "--", color="black",
+                linewidth=1.2, zorder=3, label="uninterrupted run (on top)")
+    attempts = sorted({int(r.get("restart", 0)) for r in rows})
+    for attempt in attempts:
+        mine = sorted((r for r in rows if int(r.get("restart", 0)) == attempt), key=lambda r: r["step"])
+        sizes = sorted({r["world_size"] for r in mine if "world_size" in r})
+        world = f", world size {sizes[0]}" if len(sizes) == 1 else ""
+        (line,) = ax.plot([r["step"] for r in mine], [r["loss"] for r in mine], "o-", markersize=3,
+                          label=f"restart {attempt}: steps {mine[0]['step']}-{mine[-1]['step']}{world}")
+        if attempt != attempts[0]:
+            ax.axvline(mine[0]["step"] - 0.5, color=line.get_color(), linestyle=":", alpha=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"loss (rank {rank}'s batch)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------ scaling
+
+def plot_scaling(
+    step_seconds: Mapping[str, Mapping[int, float]],
+    *,
+    title: str = "scaling efficiency",
+):
+    """Time per step and efficiency against the number of ranks, strong and weak.
+
+    Strong scaling keeps the global batch: ideal time T1/n, efficiency T1/(n*Tn).
+    Weak scaling keeps the per-rank batch: ideal time T1, efficiency T1/Tn.
+
+    Args:
+        step_seconds: {"strong": {ranks: seconds per step}, "weak": {...}}; either
+            key may be left out; each needs ranks = 1.
+        title: the figure title.
+
+    Returns:
+        The matplotlib Figure (left: time per step with the ideal; right: efficiency).
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(step_seconds, Mapping) or not step_seconds or \
+            set(step_seconds) - {"strong", "weak"}:
+        raise InputError("step_seconds", expected='{"strong": {ranks: seconds}, "weak": {...}}',
+                         given=step_seconds, fix='pass e.g. {"strong": {1: 0.1, 2: 0.06}}')
+    for kind, times in step_seconds.items():
+        if not isinstance(times, Mapping) or 1 not in times or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 or
+                isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
+                for n, t in times.items()):
+            raise InputError(f"step_seconds[{kind!r}]", expected="{ranks >= 1: seconds > 0} including ranks 1",
+                             given=times, fix="measure the 1-rank run too: it is the baseline")
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=FIGSIZE_WIDE)
+    for kind, times in step_seconds.items():
+        ns = sorted(times)
+        t1 = times[1]
+        ideal = [t1 / n if kind == "strong" else t1 for n in ns]
+        eff = [t1 / (n * times[n]) if kind == "strong" else t1 / times[n] for n in ns]
+        (line,) = ax_t.plot(ns, [times[n] * 1e3 for n in ns], "o-", label=f"{kind}: measured")
+        ax_t.plot(ns, [t * 1e3 for t in ideal], "--", color=line.get_color(), label=f"{kind}: ideal")
+        ax_e.plot(ns, eff, "o-", color=line.get_color(), label=kind)
+        for n, e in zip(ns, eff):  # strong's labels above the points, weak's below
+            ax_e.annotate(f"{e:.0%}", (n, e), textcoords="offset points",
+                          xytext=(0, 6 if kind == "strong" else -13), ha="center", fontsize=8,
+                          color=line.get_color())
+    ns_all = sorted({n for times in step_seconds.values() for n in times})
+    for ax in (ax_t, ax_e):
+        ax.set_xticks(ns_all)
+        ax.set_xlabel("ranks")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_t.set_ylabel("time per training step (ms)")
+    ax_t.set_ylim(bottom=0)
+    ax_t.set_title("time per step")
+    ax_e.axhline(1.0, color="0.5", linestyle=":")
+    ax_e.set_ylabel("efficiency (1 = ideal)")
+    ax_e.set_ylim(0, max(1.1, *(ax_e.get_ylim()[1:])))
+    ax_e.set_title("strong: T1/(n·Tn)   weak: T1/Tn")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -1,0 +1,29 @@
+"""The worker bootstrap ends a rank without the interpreter's teardown (worker.finish):
+what a normal exit does for the script must still happen."""
+
+from __future__ import annotations
+
+from labutils import launch
+
+
+def test_exit_keeps_threads_atexit_handlers_unclosed_files_and_exit_codes(runs_dir, write_script,
+                                                                          tmp_path):
+    out = tmp_path / "out.txt"
+    script = write_script("exit_semantics.py", f"""
+        import atexit, sys, threading, time
+        log = open({str(out)!r}, "w")              # never closed: its buffer must reach the disk
+        log.write("unclosed file\\n")
+        atexit.register(lambda: open({str(out)!r} + ".atexit", "w").write("atexit ran"))
+        def late():
+            time.sleep(0.5)
+            open({str(out)!r} + ".thread", "w").write("thread finished")
+        threading.Thread(target=late).start()     # a non-daemon thread outlives the script
+        sys.exit(int(sys.argv[1]))
+    """)
+    for code in (0, 3):
+        result = launch(script, 1, args=[str(code)], display="none")
+        assert result.ranks[0].exit_code == code and result.ok is (code == 0)
+        assert out.read_text() == "unclosed file\n"
+        assert (tmp_path / "out.txt.atexit").read_text() == "atexit ran"
+        assert (tmp_path / "out.txt.thread").read_text() == "thread finished"
+        assert result.ranks[0].stderr == ""
