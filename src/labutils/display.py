@@ -22,6 +22,7 @@ import threading
 from typing import TextIO
 
 from labutils.result import RunResult
+from labutils.runfiles import shorten_traceback_paths
 
 DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
@@ -89,6 +90,10 @@ class TextDisplay(Display):
         self._log_dir = log_dir
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        # Stack dumps written from C (faulthandler on a crash) carry absolute paths;
+        # show them as the worker shows Python tracebacks, so saved notebooks hold
+        # no machine paths. The log files keep the original text.
+        lines = [shorten_traceback_paths(ln) if 'File "' in ln else ln for ln in lines]
         target = self.out if stream == "stdout" else self.err
         shown = self._shown.get(rank, 0)
         room = len(lines) if self.limit is None else max(0, self.limit - shown)
