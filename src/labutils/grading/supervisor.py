@@ -35,6 +35,7 @@ from pathlib import Path
 import nbformat
 
 from labutils.grading import procs
+from labutils.grading.checks import CheckResult
 from labutils.grading.notebook import read_notebook, restore_locked_cells
 
 SKIP_DIRS = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
@@ -308,8 +309,6 @@ class Supervisor:
                 tests.append({"name": spec["name"], "max_score": spec["points"], "score": 0.0,
                               "status": "failed", "output": f"[FAIL] not measured: {why}"})
                 continue
-            from labutils.grading.checks import CheckResult
-
             check = CheckResult.from_json(result)
             tests.append({"name": check.name, "max_score": check.points, "score": check.score,
                           "status": "passed" if check.passed else "failed",
