@@ -7,11 +7,11 @@ class LabutilsError(Exception):
     """Base class of every error labutils raises on purpose."""
 
 
-class LaunchConfigError(LabutilsError, ValueError):
-    """A launch request was rejected before any rank started.
+class InputError(LabutilsError, ValueError):
+    """A function was given a value it cannot use.
 
-    Carries what was expected, what was given and how to fix it, and formats
-    them as one line so the notebook shows a short, readable message.
+    Carries what was expected, what was given and how to fix it, and formats them as
+    one line so the notebook shows a short, readable message.
     """
 
     def __init__(self, what: str, *, expected: str, given: object, fix: str) -> None:
@@ -20,6 +20,10 @@ class LaunchConfigError(LabutilsError, ValueError):
         self.given = given
         self.fix = fix
         super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
+
+
+class LaunchConfigError(InputError):
+    """A launch request was rejected before any rank started (same one-line format)."""
 
 
 class ScriptSyntaxError(LaunchConfigError):
@@ -50,17 +54,3 @@ class RecordError(LabutilsError, TypeError):
             f"tensor or a list/dict of those, got {type(value).__name__}; "
             f"convert it first, e.g. report({name}=float(x))"
         )
-
-
-class InputError(LabutilsError, ValueError):
-    """A helper (timing, plots) was given a value it cannot use.
-
-    Formats like LaunchConfigError: what was expected, what was given, how to fix it.
-    """
-
-    def __init__(self, what: str, *, expected: str, given: object, fix: str) -> None:
-        self.what = what
-        self.expected = expected
-        self.given = given
-        self.fix = fix
-        super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
