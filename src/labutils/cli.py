@@ -31,6 +31,16 @@ def _launch_parser(sub) -> None:
                    help="agents started on this machine, each with -n ranks (default: MAX)")
     p.add_argument("--rdzv-conf", default=None,
                    help="rendezvous settings KEY=VALUE,... e.g. last_call_timeout=5")
+    node = p.add_argument_group(
+        "one node of a job across machines",
+        "run the same command on every machine with its own --node-rank; with a log "
+        "folder the machines share, each node shows every rank")
+    node.add_argument("--node-rank", type=int, default=None,
+                      help="this machine's node rank, 0..N-1 (static rendezvous)")
+    node.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                      help="where the nodes meet: node 0's address and a free port")
+    node.add_argument("--rdzv-id", default=None, metavar="ID",
+                      help="the job's name, the same on every node (names the run folder)")
     fault = p.add_argument_group(
         "fault injection", "kill something at a step the script reports with "
         "labutils.dist.report(step=...); needs --max-restarts >= 1")
@@ -90,6 +100,7 @@ def launch_kwargs(ns: argparse.Namespace) -> dict:
         timeout=ns.timeout, max_restarts=ns.max_restarts, log_dir=ns.log_dir,
         nnodes=int(ns.nnodes) if ns.nnodes.isdigit() else ns.nnodes,
         local_agents=ns.local_agents, fault=_fault(ns), rdzv_conf=_rdzv_conf(ns.rdzv_conf),
+        node_rank=ns.node_rank, rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
     )
 
 
@@ -171,7 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _die_with_caller() -> None:
+    """Started by a labutils process that asked for it (LABUTILS_DIE_WITH=pid, e.g. the
+    other nodes of a job on virtual hosts): end with that process, whatever kills it."""
+    import os
+
+    from labutils._proc import die_with_parent
+    from labutils.runfiles import ENV_DIE_WITH
+
+    pid = os.environ.pop(ENV_DIE_WITH, "")
+    if pid.isdigit():
+        die_with_parent(int(pid))
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_caller()
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:  # everything after the first -- belongs to the script

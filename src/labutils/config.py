@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import uuid
@@ -13,6 +14,7 @@ from labutils.errors import LaunchConfigError, ScriptSyntaxError
 
 MAX_NPROC = 64  # per node; more than this on one machine is a typo, not a plan
 MAX_LOCAL_AGENTS = 8  # agents ("nodes") simulated on one machine
+MAX_NODES = 1024  # machines in one multi-node job
 BACKENDS = ("auto", "gloo", "nccl")
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"
 # Rendezvous settings for runs with several agents or an elastic --nnodes MIN:MAX, tuned
@@ -48,15 +50,35 @@ class LaunchSpec:
     # A's ranks reports step S in A's restart k.
     faults: list[dict] = field(default_factory=list)
     rdzv_conf: dict[str, str] = field(default_factory=dict)
+    # A job across machines: this launch() is one node of it (see check_multinode).
+    rdzv_endpoint: str | None = None  # "host:port" every node of the job reaches
+    rdzv_id: str | None = None        # the job's name, also the shared run folder's name
+    node_rank: int | None = None      # this node's rank (static rendezvous), or None
+
+    @property
+    def multinode(self) -> bool:
+        """This launch() is one node of a job whose other nodes run elsewhere."""
+        return self.rdzv_endpoint is not None
 
     @property
     def world_size(self) -> int:
-        """The most ranks this machine runs at once: nproc per agent, every agent."""
+        """The most ranks of the run: nproc per agent, every agent (every node of a
+        multi-node job, wherever it runs)."""
+        if self.multinode:
+            return self.nproc * self.max_nodes
         return self.nproc * self.local_agents
 
     @property
+    def node_index(self) -> int:
+        """This machine's node number: the node rank, else 0."""
+        return self.node_rank or 0
+
+    @property
     def elastic(self) -> bool:
-        """Several agents, or a node count that may change (--nnodes MIN:MAX)."""
+        """Several agents, or a node count that may change (--nnodes MIN:MAX), or
+        nodes that meet through the c10d rendezvous (a multi-node job without node ranks)."""
+        if self.multinode:
+            return self.node_rank is None
         return self.local_agents > 1 or self.min_nodes != self.max_nodes
 
     @property
@@ -214,11 +236,12 @@ def check_fault(fault, world_size: int, max_restarts: int) -> dict | None:
     return public_fault(check_faults(fault, world_size=world_size, max_restarts=max_restarts)[0])
 
 
-def check_nnodes(nnodes, local_agents) -> tuple[int, int, int]:
+def check_nnodes(nnodes, local_agents, *, multinode: bool = False) -> tuple[int, int, int]:
     """(min_nodes, max_nodes, local_agents) from nnodes ("N", N or "MIN:MAX") and local_agents.
 
-    Every node of a launch() runs on this machine: local_agents agents (default: MAX)
-    join one rendezvous on loopback, so MIN <= local_agents <= MAX.
+    Without a rendezvous endpoint every node of a launch() runs on this machine:
+    local_agents agents (default: MAX) join one rendezvous on loopback, so
+    MIN <= local_agents <= MAX. With one (multinode), this machine is one node.
     """
     fix = 'pass nnodes=1, nnodes=2 or nnodes="1:2" (MIN:MAX agents, each with nproc ranks)'
     lo = hi = None
@@ -231,6 +254,15 @@ def check_nnodes(nnodes, local_agents) -> tuple[int, int, int]:
     if lo is None or lo < 1 or hi < lo:
         raise LaunchConfigError("nnodes", expected="N >= 1 or 'MIN:MAX' with 1 <= MIN <= MAX",
                                 given=nnodes, fix=fix)
+    if multinode:
+        if hi > MAX_NODES:
+            raise LaunchConfigError("nnodes", expected=f"at most {MAX_NODES} nodes", given=nnodes,
+                                    fix=fix)
+        if local_agents not in (None, 1):
+            raise LaunchConfigError(
+                "local_agents", expected="one agent per machine in a multi-node job",
+                given=local_agents, fix="leave local_agents out and start one launch per node")
+        return lo, hi, 1
     if hi > MAX_LOCAL_AGENTS:
         raise LaunchConfigError("nnodes", expected=f"at most {MAX_LOCAL_AGENTS} nodes on one machine",
                                 given=nnodes, fix=fix)
@@ -241,6 +273,49 @@ def check_nnodes(nnodes, local_agents) -> tuple[int, int, int]:
             given=local_agents,
             fix="leave it out to start MAX agents, or pass a count between MIN and MAX")
     return lo, hi, agents
+
+
+_RDZV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_MULTINODE_FIX = ('pass e.g. nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29500", '
+                  'rdzv_id="job1" on node 0 and node_rank=1 on node 1')
+
+
+def check_multinode(rdzv_endpoint, rdzv_id, node_rank, min_nodes: int, max_nodes: int):
+    """(endpoint, id, node_rank) of a job across machines, or (None, None, None).
+
+    rdzv_endpoint "HOST:PORT" is where the nodes meet: node 0's address when node
+    ranks are given (torchrun's static rendezvous: global rank = node_rank * nproc +
+    local rank), else the host of a c10d rendezvous (ranks assigned as nodes join,
+    MIN:MAX nodes allowed). rdzv_id names the job on every node, and names the run
+    folder, so nodes that share the log folder (NFS, a SLURM cluster's home) write
+    one run folder that every node's launcher follows.
+    """
+    if rdzv_endpoint is None:
+        for name, value in (("node_rank", node_rank), ("rdzv_id", rdzv_id)):
+            if value is not None:
+                raise LaunchConfigError(name, expected="rdzv_endpoint with it (a multi-node job)",
+                                        given=value, fix=_MULTINODE_FIX)
+        return None, None, None
+    host, sep, port = str(rdzv_endpoint).rpartition(":")
+    if not isinstance(rdzv_endpoint, str) or not sep or not host or not port.isdigit() \
+            or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise LaunchConfigError("rdzv_endpoint", expected="'HOST:PORT' with a port in 1..65535",
+                                given=rdzv_endpoint, fix=_MULTINODE_FIX)
+    if not isinstance(rdzv_id, str) or not _RDZV_ID.fullmatch(rdzv_id):
+        raise LaunchConfigError(
+            "rdzv_id", expected="the job's name on every node: letters, digits, '.', '_', '-'",
+            given=rdzv_id, fix=_MULTINODE_FIX)
+    if node_rank is not None:
+        if isinstance(node_rank, bool) or not isinstance(node_rank, int) \
+                or not 0 <= node_rank < max_nodes:
+            raise LaunchConfigError("node_rank", expected=f"a node rank in 0..{max_nodes - 1}",
+                                    given=node_rank, fix=_MULTINODE_FIX)
+        if min_nodes != max_nodes:
+            raise LaunchConfigError(
+                "nnodes", expected="a fixed node count N with node_rank (static rendezvous)",
+                given=f"{min_nodes}:{max_nodes}",
+                fix="pass nnodes=N with node ranks, or leave node_rank out for MIN:MAX (c10d)")
+    return rdzv_endpoint, rdzv_id, node_rank
 
 
 def check_rdzv_conf(rdzv_conf) -> dict[str, str]:
@@ -277,6 +352,9 @@ def make_spec(
     nnodes: int | str = 1,
     local_agents: int | None = None,
     rdzv_conf: dict | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    node_rank: int | None = None,
 ) -> LaunchSpec:
     """Check every input; raise LaunchConfigError with a one-line fix on the first bad one."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
@@ -309,9 +387,11 @@ def make_spec(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise LaunchConfigError("env", expected="a dict of str to str", given=env,
                                 fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
-    min_nodes, max_nodes, agents = check_nnodes(nnodes, local_agents)
-    faults = check_faults(fault, world_size=nproc * agents, max_restarts=max_restarts,
-                          local_agents=agents, min_nodes=min_nodes)
+    multinode = rdzv_endpoint is not None
+    min_nodes, max_nodes, agents = check_nnodes(nnodes, local_agents, multinode=multinode)
+    endpoint, job, node = check_multinode(rdzv_endpoint, rdzv_id, node_rank, min_nodes, max_nodes)
+    faults = check_faults(fault, world_size=nproc * (max_nodes if multinode else agents),
+                          max_restarts=max_restarts, local_agents=agents, min_nodes=min_nodes)
     conf = check_rdzv_conf(rdzv_conf)
     path = check_script(script)
     if backend == "nccl":
@@ -325,7 +405,8 @@ def make_spec(
     return LaunchSpec(script=path, nproc=nproc, args=arg_list, backend=backend,
                       hang_timeout=hang or None, timeout=wall, max_restarts=max_restarts,
                       env=dict(env or {}), faults=faults, min_nodes=min_nodes,
-                      max_nodes=max_nodes, local_agents=agents, rdzv_conf=conf)
+                      max_nodes=max_nodes, local_agents=agents, rdzv_conf=conf,
+                      rdzv_endpoint=endpoint, rdzv_id=job, node_rank=node)
 
 
 def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
@@ -333,9 +414,23 @@ def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
     return Path(log_dir or os.environ.get(ENV_RUNS_DIR) or "runs")
 
 
-def new_run_dir(script: Path, log_dir: str | os.PathLike | None) -> Path:
-    """A fresh run folder: <runs_root(log_dir)>/<time>-<script>-<id>."""
+def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
+                job: str | None = None) -> Path:
+    """A fresh run folder: <runs_root(log_dir)>/<time>-<script>-<id>.
+
+    For a node of a multi-node job, <runs_root(log_dir)>/<job> (job = rdzv_id): every
+    node of the job writes there, so a log folder shared between machines gives one
+    run folder with every rank. It must not hold an earlier run that has ended.
+    """
     root = runs_root(log_dir)
+    if job is not None:
+        run_dir = (root / job).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if (run_dir / "summary.json").exists():
+            raise LaunchConfigError(
+                "rdzv_id", expected="a job name not used before in this log folder",
+                given=job, fix=f"pick a new rdzv_id, or remove {run_dir}")
+        return run_dir
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-{uuid.uuid4().hex[:6]}"
     run_dir = (root / name).resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -345,22 +440,34 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None) -> Path:
 def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0) -> list[str]:
     """One agent's argument list (never a shell string).
 
-    Every agent of a run gets the same rendezvous endpoint and id; agent 0 hosts
-    the rendezvous store (is_host), so the others can come and go.
+    Every agent of a run on this machine gets the same rendezvous endpoint and id;
+    agent 0 hosts the rendezvous store (is_host), so the others can come and go. A
+    node of a multi-node job passes the job's endpoint and id through: with a node
+    rank, torchrun's static rendezvous (node 0 hosts the store at the endpoint);
+    without, c10d, where torchrun finds out itself whether the endpoint is this host.
     """
+    endpoint, rdzv_id, backend = f"127.0.0.1:{port}", run_id, "c10d"
+    node = []
+    if spec.multinode:
+        endpoint, rdzv_id = spec.rdzv_endpoint, spec.rdzv_id
+        if spec.node_rank is not None:
+            backend, node = "static", ["--node-rank", str(spec.node_rank)]
     rdzv = []
     if spec.elastic:
-        conf = {**ELASTIC_RDZV_CONF, **spec.rdzv_conf, "is_host": "true" if agent == 0 else "false"}
+        conf = {**ELASTIC_RDZV_CONF, **spec.rdzv_conf}
+        if not spec.multinode:
+            conf["is_host"] = "true" if agent == 0 else "false"
         rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
     elif spec.rdzv_conf:
         rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf.items())]
     return [
         sys.executable, "-m", "labutils._agent",
         "--nnodes", spec.nnodes,
+        *node,
         "--nproc-per-node", str(spec.nproc),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}",
-        "--rdzv-id", run_id,
+        "--rdzv-backend", backend,
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", rdzv_id,
         *rdzv,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",

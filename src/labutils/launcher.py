@@ -13,6 +13,14 @@ Ranks are global, and which agent runs which rank, like the world size, is only
 known once the rendezvous of an attempt is complete: the launcher learns both
 from each rank's start event and keeps a history of attempts (result.attempts):
 world size, restart count, which rank failed and why.
+
+A run can also be one node of a job across machines (launch(nnodes=2, node_rank=K,
+rdzv_endpoint=..., rdzv_id=...)), one launch() per machine. When the machines
+share the log folder, every node writes into one run folder named by rdzv_id, so
+each launcher shows every rank of the job. A launcher signals only its own ranks
+(those whose start event carries its node token); for the others it works
+through files in the run folder: stack-request.json to read their stacks, stop.json
+to end the job on every node, summary-<node>.json to say a node is done.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pathlib import Path
 from labutils import runfiles
 from labutils._proc import _signal_all, descendants, free_port, pid_alive, stop_processes
 from labutils.config import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
+from labutils.network import check_endpoint_host, interface_env
 from labutils.diagnosis import analyse_hang, find_failure
 from labutils.display import Display, make_display
 from labutils.result import RankResult, RunResult, attempt_line
@@ -68,6 +77,8 @@ class _Rank:
         self.main_tid: int | None = None
         self.attempt = -1  # the launcher's attempt this rank last started in
         self.agent: int | None = None
+        self.node = ""  # the token of the launcher that started it ("" : this one)
+        self.local = True  # started by this launcher (its pid can be signalled)
         self.exit_code: int | None = None
         self.exceptions: dict[int, dict] = {}  # attempt -> exception event
 
@@ -107,6 +118,11 @@ class Launch:
         self.command: list[str] = []
         self._host_gone_at: float | None = None
         self._finished_at: float | None = None
+        # This launcher's node of a job across machines ("" on a one-machine run).
+        self.token = _node_token(spec)
+        self.remote_nodes: set[str] = set()  # tokens of other machines' launchers seen
+        self.stop_seen = False
+        self.notes: list[str] = []  # lines for the display once the run starts
 
     @property
     def proc(self) -> subprocess.Popen | None:
@@ -120,13 +136,19 @@ class Launch:
         port, run_id = free_port(), uuid.uuid4().hex[:12]
         self.agents = [
             _Agent(i, torchrun_command(spec, port=port, run_id=run_id, agent=i),
-                   runfiles.agent_log_path(self.run_dir, i))
+                   runfiles.agent_log_path(self.run_dir, self.token or i))
             for i in range(spec.local_agents)
         ]
         self.command = self.agents[0].command
-        (self.run_dir / "command.txt").write_text(
+        command_file = f"command-{self.token}.txt" if self.token else "command.txt"
+        (self.run_dir / command_file).write_text(
             "\n\n".join("\n".join(a.command) for a in self.agents) + "\n")
         env = os.environ.copy()
+        net_note = None
+        if spec.multinode:
+            chosen, net_note = interface_env(spec.rdzv_endpoint, {**env, **spec.env})
+            env.update(chosen)
+            env[runfiles.ENV_NODE] = self.token
         env.update(spec.env)
         env[runfiles.ENV_RUN_DIR] = str(self.run_dir)
         env[runfiles.ENV_PARENT_PID] = str(os.getpid())
@@ -146,6 +168,12 @@ class Launch:
         if spec.local_agents > 1:
             self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
                               f"join one rendezvous, --nnodes {spec.nnodes}")
+        if spec.multinode:
+            self.display.note(_multinode_line(spec))
+            if net_note:
+                self.display.note(net_note)
+        for line in self.notes:
+            self.display.note(line)
         with contextlib.ExitStack() as logs:
             try:
                 for agent in self.agents:
@@ -153,7 +181,7 @@ class Launch:
                     agent.proc = subprocess.Popen(
                         agent.command, stdin=subprocess.DEVNULL, stdout=log,
                         stderr=subprocess.STDOUT, start_new_session=True,
-                        env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index)},
+                        env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index + spec.node_index)},
                     )
                 self._follow()
             except KeyboardInterrupt:
@@ -169,7 +197,8 @@ class Launch:
                         self.reason = "interrupted"
         result = self._result()
         _last_result = result
-        result.write_json(self.run_dir / "summary.json")
+        result.write_json(runfiles.node_summary_path(self.run_dir, self.token) if self.token
+                          else self.run_dir / "summary.json")
         self.display.finish(result)
         if interrupted:
             raise KeyboardInterrupt(f"run interrupted; every rank was stopped. {result.headline()}")
@@ -191,12 +220,16 @@ class Launch:
                 self.display.note("stop requested: stopping every rank")
                 self.reason = "stopped"
                 return
+            if self.spec.multinode and self._stopped_elsewhere():
+                self.reason = "stopped"
+                return
             if spec.timeout is not None and now - self.t0 >= spec.timeout:
                 self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
                 self.reason = "timeout"
                 return
             silent = now - self.last_activity
-            if spec.hang_timeout is not None and silent >= spec.hang_timeout and self._hung():
+            if spec.hang_timeout is not None and self._hung() and (
+                    silent >= spec.hang_timeout * (1 if self._diagnoses_hangs() else 2)):
                 self._diagnose_hang(silent)
                 self.reason = "hang"
                 return
@@ -208,9 +241,16 @@ class Launch:
     def _agents_done(self, now: float) -> bool:
         """Every agent has exited, or agent 0 (the rendezvous host) exited a while ago,
         or every rank finished after an agent left by a fault (the others would wait
-        in torchrun's exit barrier for the agent that is gone)."""
+        in torchrun's exit barrier for the agent that is gone). In a job across
+        machines, also every other node seen in the run folder has written its summary
+        (or AGENT_GRACE_S passed since this node's agent exited)."""
         if not any(a.alive() for a in self.agents):
-            return True
+            if self.token and self._host_gone_at is None:
+                runfiles.node_done_path(self.run_dir, self.token).touch()
+            if not self.remote_nodes or self._remote_nodes_done():
+                return True
+            self._host_gone_at = self._host_gone_at or now
+            return now - self._host_gone_at >= AGENT_GRACE_S
         left = {a.index for a in self.agents if a.stopped_by_fault}
         if left and self.current and all(r.attempt == self.attempt and r.exit_code == 0
                                          for r in self._members() if r.agent not in left):
@@ -232,15 +272,61 @@ class Launch:
         if not self.current:
             return False
         members = self._members()
+        if self.spec.multinode:  # without a shared run folder only this node's ranks show
+            members = [r for r in members if r.pid] or members
         started = all(r.attempt == self.attempt and r.pid for r in members)
         return started and any(self._alive(r) for r in members)
 
-    @staticmethod
-    def _alive(r: _Rank) -> bool:
+    def _alive(self, r: _Rank) -> bool:
+        if not r.local:  # another machine's rank: alive until it exits or its node is done
+            return r.exit_code is None and not self._node_done(r.node)
         return bool(r.pid) and r.exit_code is None and pid_alive(r.pid)
 
+    # ----------------------------------------------------------- across machines
+    def _node_done(self, token: str) -> bool:
+        return runfiles.node_done_path(self.run_dir, token).exists()
+
+    def _remote_nodes_done(self) -> bool:
+        return all(self._node_done(t) for t in self.remote_nodes)
+
+    def _diagnoses_hangs(self) -> bool:
+        """Whether this node reads the stacks when the job hangs: the first node among
+        those that share the run folder (the others would only race it), or any node
+        once twice hang_timeout has passed (the first one may be gone)."""
+        if not self.remote_nodes:
+            return True
+        return _node_order(self.token) <= min(map(_node_order, self.remote_nodes))
+
+    def _stopped_elsewhere(self) -> bool:
+        """Another node's launcher ended the job early (stop.json): stop here too."""
+        path = runfiles.stop_path(self.run_dir)
+        if self.stop_seen or not path.exists():
+            return False
+        try:
+            stop = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        if stop.get("by") == self.token:
+            return False
+        self.stop_seen = True
+        self.display.note(f"{stop.get('by', 'another node')} ended the job "
+                          f"({stop.get('reason', 'stopped')}): stopping this node's ranks")
+        return True
+
+    def _tell_other_nodes(self) -> None:
+        """Ask every other node's launcher to stop (this one is ending the job early)."""
+        if not self.spec.multinode or self.stop_seen or self.reason not in (
+                "stopped", "timeout", "hang", "interrupted"):
+            return
+        path = runfiles.stop_path(self.run_dir)
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"by": self.token, "reason": self.reason}))
+            os.replace(tmp, path)
+
     def _shutdown(self) -> None:
-        pids = [r.pid for r in self.ranks if r.pid and pid_alive(r.pid)]
+        self._tell_other_nodes()
+        pids = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)]
         agents = [agent.proc.pid for agent in self.agents if agent.alive()]
         for pid in agents:
             pids = [pid, *descendants(pid), *pids]
@@ -254,6 +340,8 @@ class Launch:
             except subprocess.TimeoutExpired:
                 agent.proc.kill()
                 agent.proc.wait()
+        if self.token:  # this node's ranks are gone: the other nodes need not wait for them
+            runfiles.node_done_path(self.run_dir, self.token).touch()
         self._poll(final=True)
         for r in self.ranks:
             r.output.close()
@@ -320,6 +408,10 @@ class Launch:
                               f"restart count {restart}, world size {size}{change}")
         agent = int(ev.get("agent", 0))
         self.current["agents"].setdefault(agent, []).append(r.rank)
+        r.node = ev.get("node") or ""
+        r.local = r.node == self.token
+        if not r.local:
+            self.remote_nodes.add(r.node)
         if r.rank == 0:
             self.current["restart_count"] = restart
         r.attempt, r.pid, r.main_tid, r.exit_code = self.attempt, ev.get("pid"), ev.get("main_tid"), None
@@ -401,7 +493,7 @@ class Launch:
             if r.attempt != self.attempt or not r.pid:
                 continue
             code = r.exit_code
-            if code is None and not pid_alive(r.pid):
+            if code is None and r.local and not pid_alive(r.pid):
                 if r.pid in seen:
                     code = seen[r.pid]
                 elif fault and fault.get("rank") == r.rank:
@@ -448,10 +540,17 @@ class Launch:
         offsets = {r.rank: runfiles.stacks_path(self.run_dir, r.rank).stat().st_size
                    if runfiles.stacks_path(self.run_dir, r.rank).exists() else 0 for r in alive}
         for r in alive:
-            try:
-                os.kill(r.pid, signal.SIGUSR1)
-            except OSError:
-                pass
+            if r.local:
+                try:
+                    os.kill(r.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        remote = sorted(r.rank for r in alive if not r.local)
+        if remote:  # their launchers' machines: ask through the run folder
+            path = runfiles.stack_request_path(self.run_dir)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"by": self.token, "ranks": remote}))
+            os.replace(tmp, path)
         dumps = _wait_for_dumps(self.run_dir, offsets)
         exited = {r.rank: r.exit_code for r in self._members() if r.exit_code is not None}
         self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
@@ -464,6 +563,9 @@ class Launch:
         logs = [a for a in self.agents if a.log_path.exists()]
         agent_text = "\n".join(a.log_path.read_text(errors="replace") for a in logs
                                if not a.stopped_by_fault)
+        if self.spec.multinode:  # every node's torchrun says which of its ranks failed
+            agent_text = "\n".join(p.read_text(errors="replace")
+                                   for p in runfiles.agent_logs(self.run_dir))
         # torchrun's own list of failed ranks is the final word on exit codes: a rank
         # can finish its script (exit event 0) and still die while Python shuts down.
         agent_codes = {int(r): int(c) for r, c in _AGENT_FAILURE_RE.findall(agent_text)}
@@ -498,7 +600,7 @@ class Launch:
         self.attempts.append(entry)
         victims = set(failure.victims) if failure else set()
         shown = self.ranks
-        if self.spec.elastic and any(r.pid for r in self.ranks):
+        if (self.spec.elastic or self.spec.multinode) and any(r.pid for r in self.ranks):
             shown = [r for r in self.ranks if r.pid]  # the ranks that ran in some attempt
         ranks = [
             RankResult(
@@ -518,6 +620,32 @@ class Launch:
             commands=[a.command for a in self.agents],
             agent_exit_code=self.proc.returncode if self.proc else None,
         )
+
+
+def _node_token(spec: LaunchSpec) -> str:
+    """This launcher's name among the nodes of a job ("" when the run is one machine's):
+    node<K> with node ranks, else host-pid (c10d numbers the nodes only as they join)."""
+    if not spec.multinode:
+        return ""
+    if spec.node_rank is not None:
+        return f"node{spec.node_rank}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{os.uname().nodename}-{os.getpid()}")
+
+
+def _node_order(token: str) -> tuple:
+    """node2 before node10; host-pid tokens (c10d) after node ranks, by name."""
+    m = re.fullmatch(r"node(\d+)", token)
+    return (0, int(m.group(1)), "") if m else (1, 0, token)
+
+
+def _multinode_line(spec: LaunchSpec) -> str:
+    if spec.node_rank is not None:
+        first = spec.node_rank * spec.nproc
+        return (f"node {spec.node_rank} of {spec.nnodes}: ranks {first}..{first + spec.nproc - 1} "
+                f"here, rendezvous at {spec.rdzv_endpoint} (job {spec.rdzv_id}); ranks of "
+                "other nodes show up here when they share this run folder")
+    return (f"one node of {spec.nnodes} joining the c10d rendezvous at {spec.rdzv_endpoint} "
+            f"(job {spec.rdzv_id}), {spec.nproc} rank(s) here")
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -583,6 +711,9 @@ def launch(
     nnodes: int | str = 1,
     local_agents: int | None = None,
     rdzv_conf: dict | None = None,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
 ) -> RunResult:
     """Run ``script`` on ``nproc`` ranks with torchrun and return what happened.
 
@@ -619,15 +750,35 @@ def launch(
         rdzv_conf: rendezvous settings passed as torchrun --rdzv-conf, over the
             short defaults launch() uses when there are several agents
             (config.ELASTIC_RDZV_CONF), e.g. {"last_call_timeout": 5}.
+        node_rank, rdzv_endpoint, rdzv_id: make this launch() one node of a job
+            across machines, one launch() (or `labutils launch`) per machine, each
+            with the same nnodes, nproc, rdzv_endpoint "HOST:PORT" (node 0's
+            address) and rdzv_id (the job's name). With node_rank (0..nnodes-1),
+            torchrun's static rendezvous: global rank = node_rank * nproc + local
+            rank; without, c10d (nnodes may be "MIN:MAX"). The run folder is
+            <log_dir>/<rdzv_id>: with a log folder every machine shares, each node
+            shows every rank. GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are set to the
+            interface that reaches the endpoint unless env (or the environment)
+            sets them.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the
         summary and re-raises KeyboardInterrupt; last_result() still has the result.
     """
-    spec = make_spec(script, nproc, args=args, backend=backend, hang_timeout=hang_timeout,
-                     timeout=timeout, max_restarts=max_restarts, env=env, fault=fault,
-                     nnodes=nnodes, local_agents=local_agents, rdzv_conf=rdzv_conf)
+    return prepare(script, nproc, args=args, backend=backend, hang_timeout=hang_timeout,
+                   timeout=timeout, max_restarts=max_restarts, log_dir=log_dir, display=display,
+                   env=env, fault=fault, nnodes=nnodes, local_agents=local_agents,
+                   rdzv_conf=rdzv_conf, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                   rdzv_id=rdzv_id).run()
+
+
+def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", **kwargs) -> Launch:
+    """launch() up to the moment processes start: every input checked (LaunchConfigError
+    on the first bad one), the display made, the run folder created. .run() starts it."""
+    spec = make_spec(script, nproc, **kwargs)
+    if spec.multinode:
+        check_endpoint_host(spec.rdzv_endpoint)
     if not isinstance(display, Display):
         display = make_display(display)
-    run_dir = new_run_dir(spec.script, log_dir)
-    return Launch(spec, run_dir, display).run()
+    run_dir = new_run_dir(spec.script, log_dir, job=spec.rdzv_id)
+    return Launch(spec, run_dir, display)

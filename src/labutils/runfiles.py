@@ -7,7 +7,12 @@ A run folder looks like this::
                              (one block per agent when a run has several)
         agent.log            torchrun's own output (kept out of the cells)
         agent1.log ...       the output of the other agents of a multi-agent run
+                             (agentnode1.log ...: other machines' nodes of a job)
         summary.json         the RunResult as JSON, written when the run ends
+                             (summary-node1.json ...: each node's own of a job)
+        stack-request.json   ranks asked to dump their stacks (multi-node hangs)
+        stop.json            the reason a node's launcher ended the job early
+        done-node1 ...       a node's agent has exited (the other nodes stop waiting)
         rank0/stdout.log     everything rank 0 wrote to fd 1, all attempts
         rank0/stderr.log     everything rank 0 wrote to fd 2, all attempts
         rank0/events.jsonl   start / progress / record / exception / exit events
@@ -31,6 +36,12 @@ ENV_AGENT_PID = "LABUTILS_AGENT_PID"
 ENV_PARENT_PID = "LABUTILS_PARENT_PID"
 ENV_RANK_OFFSET = "LABUTILS_RANK_OFFSET"
 ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
+# Which launcher (host and pid) started this rank: in a multi-node job several launchers,
+# one per machine, share a run folder and each one signals only its own ranks.
+ENV_NODE = "LABUTILS_NODE"
+# A pid the `labutils` command must not outlive (it asks the kernel for SIGKILL when
+# its parent, that pid, dies); set by labutils code that starts the command itself.
+ENV_DIE_WITH = "LABUTILS_DIE_WITH"
 # JSON list of {"restart": K, "rank": R, "step": S[, "phase": P]}: in restart K, rank R
 # SIGKILLs itself when it calls report(step=S[, phase=P]); {"restart": K, "agent": A,
 # "step": S}: the rank of agent A that reports step S first SIGKILLs that agent, then
@@ -56,8 +67,36 @@ def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "stacks.txt"
 
 
-def agent_log_path(run_dir: str | os.PathLike, agent: int) -> Path:
+def agent_log_path(run_dir: str | os.PathLike, agent: int | str) -> Path:
     return Path(run_dir) / ("agent.log" if agent == 0 else f"agent{agent}.log")
+
+
+def agent_logs(run_dir: str | os.PathLike) -> list[Path]:
+    """Every agent log in a run folder, those of other machines' nodes included."""
+    return sorted(Path(run_dir).glob("agent*.log"))
+
+
+# Files through which the launchers of a multi-node job, one per machine, work together
+# in a shared run folder (they cannot signal each other's processes):
+def stack_request_path(run_dir: str | os.PathLike) -> Path:
+    """JSON {"seq": N, "ranks": [...]}: those ranks dump their stacks (hang reports)."""
+    return Path(run_dir) / "stack-request.json"
+
+
+def stop_path(run_dir: str | os.PathLike) -> Path:
+    """Written by the launcher that ends a run early; every other node's launcher stops."""
+    return Path(run_dir) / "stop.json"
+
+
+def node_done_path(run_dir: str | os.PathLike, node: str) -> Path:
+    """Written by a node's launcher once its agent has exited (its ranks are gone)."""
+    return Path(run_dir) / f"done-{node}"
+
+
+def node_summary_path(run_dir: str | os.PathLike, node: str) -> Path:
+    """The summary one node's launcher writes when it is done (summary.json is the
+    single-machine run's, or the scheduler view's)."""
+    return Path(run_dir) / f"summary-{node}.json"
 
 
 def short_path(path: str) -> str:

@@ -57,8 +57,41 @@ def _stack_signature(frame) -> tuple:
     return tuple(sig)
 
 
-def _watch_progress(writer: runfiles.EventWriter, main_ident: int) -> None:
-    """Write a progress event each interval in which the main thread moved."""
+class _StackRequests:
+    """Stack dumps asked for through the run folder (stack-request.json), for ranks a
+    launcher cannot signal: those of another machine in a multi-node job."""
+
+    def __init__(self, run_dir: str | None, rank: int, stacks) -> None:
+        self.path = runfiles.stack_request_path(run_dir) if run_dir else None
+        self.rank, self.stacks = rank, stacks
+        self.mtime = self._mtime()  # requests made before this rank started are old
+
+    def _mtime(self) -> float | None:
+        try:
+            return self.path.stat().st_mtime_ns if self.path else None
+        except OSError:
+            return None
+
+    def check(self) -> None:
+        mtime = self._mtime()
+        if mtime is None or mtime == self.mtime:
+            return
+        self.mtime = mtime
+        try:
+            import json
+
+            ranks = json.loads(self.path.read_text()).get("ranks", [])
+        except (OSError, ValueError, AttributeError):
+            return
+        if self.rank in ranks and self.stacks is not None:
+            faulthandler.dump_traceback(file=self.stacks, all_threads=True)
+            self.stacks.flush()
+
+
+def _watch_progress(writer: runfiles.EventWriter, main_ident: int,
+                    requests: _StackRequests | None = None) -> None:
+    """Write a progress event each interval in which the main thread moved; answer
+    stack requests made through the run folder."""
     try:
         clock = time.pthread_getcpuclockid(main_ident)
         cpu_now = lambda: time.clock_gettime(clock)  # noqa: E731
@@ -67,6 +100,8 @@ def _watch_progress(writer: runfiles.EventWriter, main_ident: int) -> None:
     last_sig, last_cpu = None, cpu_now()
     while True:
         time.sleep(PROGRESS_INTERVAL_S)
+        if requests is not None:
+            requests.check()
         frame = sys._current_frames().get(main_ident)
         if frame is None:
             return
@@ -139,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     writer = runfiles.event_writer()
 
+    stacks = None
     if run_dir:
         runfiles.rank_dir(run_dir, rank).mkdir(parents=True, exist_ok=True)
         sys.stdout.flush(), sys.stderr.flush()
@@ -162,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             "round": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
             "agent": int(os.environ.get(runfiles.ENV_AGENT_INDEX, "0")),
             "group_rank": int(os.environ.get("GROUP_RANK", "0")),
+            "node": os.environ.get(runfiles.ENV_NODE, ""),
         })
         threading.Thread(
-            target=_watch_progress, args=(writer, main_ident), name="labutils-progress",
-            daemon=True,
+            target=_watch_progress, name="labutils-progress", daemon=True,
+            args=(writer, main_ident, _StackRequests(run_dir, rank, stacks)),
         ).start()
 
     sys.argv = [script, *script_args]
