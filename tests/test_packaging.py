@@ -49,3 +49,14 @@ def test_lock_is_fully_pinned():
     for line in (REPO / "requirements.lock").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             assert PIN.match(line), f"unpinned line in requirements.lock: {line}"
+
+
+def test_environment_yml_installs_the_project_on_a_supported_python():
+    text = (REPO / "environment.yml").read_text()
+    assert re.search(r"^\s*-\s*-e \.\s*$", text, re.M), "environment.yml must pip-install the project (-e .)"
+    python = re.search(r"^\s*-\s*python=(\d+)\.(\d+)\s*$", text, re.M)
+    assert python, "environment.yml must pin python=X.Y"
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    minimum = tuple(int(x) for x in requires.removeprefix(">=").split("."))
+    assert (int(python.group(1)), int(python.group(2))) >= minimum, \
+        f"environment.yml's python={python.group(1)}.{python.group(2)} is below requires-python {requires}"
