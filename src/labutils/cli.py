@@ -1,4 +1,4 @@
-"""The `labutils` command: launch, doctor, grade."""
+"""The `labutils` command: launch, doctor, grade, k8s, slurm."""
 
 from __future__ import annotations
 
@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _grade_parser(sub)
+    from labutils import kubernetes, slurm
+
+    kubernetes.add_subcommand(sub)
+    slurm.add_subcommand(sub)
     return parser
 
 
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_doctor(ns)
         if ns.command == "grade":
             return _cmd_grade(ns)
+        if getattr(ns, "handler", None):  # labutils k8s, labutils slurm
+            return ns.handler(ns)
     except LaunchConfigError as exc:
         print(f"labutils {ns.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -426,7 +426,7 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
     if job is not None:
         run_dir = (root / job).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
-        if (run_dir / "summary.json").exists():
+        if any(run_dir.glob("summary*.json")):  # summary-<node>.json: a node has ended
             raise LaunchConfigError(
                 "rdzv_id", expected="a job name not used before in this log folder",
                 given=job, fix=f"pick a new rdzv_id, or remove {run_dir}")

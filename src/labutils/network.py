@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labutils.errors import InputError
+from labutils.errors import LaunchConfigError
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -210,7 +210,7 @@ def check_endpoint_host(endpoint: str) -> None:
     try:
         resolve_host(host)
     except OSError:
-        raise InputError("rdzv_endpoint", expected="a host this machine can resolve",
+        raise LaunchConfigError("rdzv_endpoint", expected="a host this machine can resolve",
                          given=endpoint,
                          fix="use node 0's IP address, or a name in /etc/hosts or DNS") from None
 

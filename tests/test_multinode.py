@@ -1,0 +1,257 @@
+"""A job across machines: two nodes of two ranks each, one launch() per node.
+
+Each node lives in its own network namespace on this machine (node 0 in the test's,
+node 1 in a new one, joined by a veth pair with an address at each end), so every
+byte between the nodes crosses the pair, as between two hosts on one cable. Where
+namespaces cannot be made (not root, no `ip`), the same tests run both nodes on
+loopback and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import warnings
+
+import psutil
+import pytest
+
+from labutils import runfiles
+from labutils.cli import build_parser, launch_kwargs
+from labutils.config import make_spec, torchrun_command
+from labutils.display import Display
+from labutils.errors import LaunchConfigError
+from labutils.network import interface_env, launch_two_nodes, route_interface, virtual_hosts
+
+pytestmark = pytest.mark.timeout(180)
+
+PAYLOAD = 1 << 18  # floats per all_reduce: 1 MiB, so the traffic stands out on the pair
+STEPS = 3
+
+JOB = textwrap.dedent(f"""
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+    from labutils.dist import init, report
+
+    rank, world, _ = init()
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    t = torch.full(({PAYLOAD},), float(rank))
+    for step in range({STEPS}):
+        if step == 1 and rank == 3 and mode == "fail":
+            raise ValueError("planted failure on rank 3")
+        if step == 1 and rank == 3 and mode == "hang":
+            time.sleep(600)
+        dist.all_reduce(t)
+        report(step=step, total={STEPS})
+        if mode == "slow":
+            time.sleep(1.0)
+    print(f"rank {{rank}} of {{world}} on node {{os.environ['GROUP_RANK']}} "
+          f"sum {{t[0].item():.0f}} via {{os.environ.get('GLOO_SOCKET_IFNAME', 'default')}}")
+""")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with virtual_hosts() as h:
+        if h.mode != "namespaces":
+            warnings.warn(f"2-node tests run on loopback: {h.reason}", stacklevel=1)
+        print(f"\n2-node tests: {h.mode}" + (f" ({h.reason})" if h.reason else
+                                               f" {h.addresses} over {h.interfaces}"))
+        yield h
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(JOB)
+    return path
+
+
+def _leftovers(run_dir) -> list[psutil.Process]:
+    """Processes of this run still alive (their environment names its run folder)."""
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(runfiles.ENV_RUN_DIR) == str(run_dir):
+                left.append(proc)
+        except (psutil.Error, OSError):
+            pass
+    return left
+
+
+def test_two_nodes_one_display_global_ranks(hosts, job, tmp_path, capsys):
+    before = hosts.counters(0)
+    result = launch_two_nodes(job, 2, hosts=hosts, log_dir=tmp_path / "runs", display="text",
+                              hang_timeout=30, timeout=120)
+    shown = capsys.readouterr().out
+    assert result.ok, result
+    assert result.world_size == 4
+    assert [r.rank for r in result.ranks] == [0, 1, 2, 3]
+    total = sum(range(4)) * 4 ** (STEPS - 1)  # each all_reduce sums 4 equal values after the first
+    for rank in range(4):
+        node = rank // 2
+        line = f"rank {rank} of 4 on node {node} sum {total}"
+        assert line in result.ranks[rank].stdout
+        assert f"[rank {rank}] {line}" in shown  # node 0 shows node 1's ranks too
+    # Each node's own summary, and node 1 says it ran its two ranks.
+    node1 = json.loads(runfiles.node_summary_path(result.log_dir, "node1").read_text())
+    assert node1["ok"] is True
+    assert sorted(r["rank"] for r in node1["ranks"]) == [0, 1, 2, 3]
+    assert {r["rank"]: r["exit_code"] for r in node1["ranks"]} == {0: 0, 1: 0, 2: 0, 3: 0}
+    if hosts.mode == "namespaces":
+        assert f"via {hosts.interfaces[0]}" in result.ranks[0].stdout
+        assert f"via {hosts.interfaces[1]}" in result.ranks[2].stdout
+        after = hosts.counters(0)
+        # A ring all-reduce sends 2(n-1)/n of the data per rank; two ranks per node, each
+        # with one neighbour across the cable: at least one payload crosses per step.
+        crossed = after["tx_bytes"] - before["tx_bytes"]
+        assert crossed >= STEPS * PAYLOAD * 4, (crossed, after, before)
+        assert after["rx_bytes"] - before["rx_bytes"] >= STEPS * PAYLOAD * 4
+        assert "node 1 runs in network namespace" in shown
+    else:
+        assert "both nodes on this machine" in shown
+    assert not _leftovers(result.log_dir)
+
+
+def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
+    result = launch_two_nodes(job, 2, hosts=hosts, args=["fail"], log_dir=tmp_path / "runs",
+                              display="none", hang_timeout=30, timeout=120)
+    assert not result.ok
+    assert result.failure is not None
+    assert (result.failure.rank, result.failure.exc_type) == (3, "ValueError")
+    assert "planted failure on rank 3" in result.failure.message
+    assert 3 not in result.failure.victims
+    assert set(result.failure.victims) <= {0, 1, 2}
+    assert result.exit_status == 1
+    assert not _leftovers(result.log_dir)
+
+
+def test_hang_on_the_other_node_reads_its_stack(hosts, job, tmp_path):
+    result = launch_two_nodes(job, 2, hosts=hosts, args=["hang"], log_dir=tmp_path / "runs",
+                              display="none", hang_timeout=4, timeout=120)
+    assert result.reason == "hang"
+    assert result.hang is not None
+    assert result.hang.stragglers == [3]
+    # Rank 3's stack came through the run folder (stack-request.json), not a signal.
+    lines = JOB.splitlines()
+    sleep_line = next(i for i, ln in enumerate(lines, 1) if "time.sleep(600)" in ln)
+    reduce_line = next(i for i, ln in enumerate(lines, 1) if "dist.all_reduce" in ln)
+    assert result.hang.waiting[3].endswith(f"job.py:{sleep_line}")
+    assert all(result.hang.waiting[r].endswith(f"job.py:{reduce_line}") for r in (0, 1, 2))
+    assert runfiles.stack_request_path(result.log_dir).exists()
+    stop = json.loads(runfiles.stop_path(result.log_dir).read_text())
+    assert stop == {"by": "node0", "reason": "hang"}
+    assert not _leftovers(result.log_dir)
+
+
+class _StopAfterFirstRecord(Display):
+    def record(self, rank, values):
+        self.stop_requested.set()
+
+
+def test_stop_on_node_0_stops_node_1(hosts, job, tmp_path):
+    result = launch_two_nodes(job, 2, hosts=hosts, args=["slow"], log_dir=tmp_path / "runs",
+                              display=_StopAfterFirstRecord(), hang_timeout=30, timeout=120)
+    assert result.reason == "stopped"
+    node1 = json.loads(runfiles.node_summary_path(result.log_dir, "node1").read_text())
+    assert node1["ok"] is False
+    assert "ended the job (stopped)" in (result.log_dir / "node1.out").read_text()
+    assert not _leftovers(result.log_dir)
+
+
+# ------------------------------------------------------------------ no processes
+def test_multinode_spec_and_torchrun_command(job):
+    spec = make_spec(job, 2, nnodes=2, node_rank=1, rdzv_endpoint="10.1.2.3:29500",
+                     rdzv_id="job-7")
+    assert spec.multinode and not spec.elastic and spec.world_size == 4
+    cmd = torchrun_command(spec, port=1, run_id="ignored")
+    args = cmd[cmd.index("labutils._agent") + 1:]
+    from torch.distributed.run import get_args_parser
+
+    parsed = get_args_parser().parse_args(args)
+    assert (parsed.nnodes, parsed.node_rank, parsed.rdzv_backend, parsed.rdzv_endpoint,
+            parsed.rdzv_id) == ("2", 1, "static", "10.1.2.3:29500", "job-7")
+    elastic = make_spec(job, 2, nnodes="1:3", rdzv_endpoint="head:29400", rdzv_id="j")
+    parsed = get_args_parser().parse_args(
+        torchrun_command(elastic, port=1, run_id="x")[3:])
+    assert (parsed.nnodes, parsed.rdzv_backend, parsed.rdzv_endpoint) == ("1:3", "c10d",
+                                                                          "head:29400")
+    assert "is_host" not in parsed.rdzv_conf  # torchrun finds out which node hosts it
+    assert elastic.world_size == 6
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(node_rank=0), "node_rank"),
+    (dict(rdzv_id="a"), "rdzv_id"),
+    (dict(rdzv_endpoint="10.0.0.1", rdzv_id="a", nnodes=2), "rdzv_endpoint"),
+    (dict(rdzv_endpoint="h:99999", rdzv_id="a", nnodes=2), "rdzv_endpoint"),
+    (dict(rdzv_endpoint="h:1", nnodes=2), "rdzv_id"),
+    (dict(rdzv_endpoint="h:1", rdzv_id="a b", nnodes=2), "rdzv_id"),
+    (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes=2, node_rank=2), "node_rank"),
+    (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes="1:2", node_rank=0), "nnodes"),
+    (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes=2, local_agents=2), "local_agents"),
+])
+def test_bad_multinode_input_is_one_line(job, kwargs, what):
+    with pytest.raises(LaunchConfigError) as err:
+        make_spec(job, 2, **kwargs)
+    assert err.value.what == what
+    assert "\n" not in str(err.value) and f"{what}: expected " in str(err.value)
+
+
+def test_unresolvable_endpoint_fails_before_anything_starts(job, tmp_path):
+    from labutils.launcher import launch
+
+    with pytest.raises(LaunchConfigError, match="rdzv_endpoint: expected a host"):
+        launch(job, 2, nnodes=2, node_rank=0, rdzv_endpoint="no-such-host.invalid:29500",
+               rdzv_id="x", log_dir=tmp_path, display="none")
+    assert not (tmp_path / "x").exists()
+
+
+def test_reusing_a_finished_job_name_is_refused(job, tmp_path):
+    from labutils.launcher import launch
+
+    (tmp_path / "done-job").mkdir()
+    (tmp_path / "done-job" / "summary-node0.json").write_text("{}")
+    with pytest.raises(LaunchConfigError, match="pick a new rdzv_id"):
+        launch(job, 2, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29500",
+               rdzv_id="done-job", log_dir=tmp_path, display="none")
+
+
+def test_interface_for_the_endpoint():
+    assert route_interface("127.0.0.1:1")[0] is not None
+    assert interface_env("127.0.0.1:1", {}) == ({}, None)  # loopback: gloo's own choice
+    chosen, line = interface_env("127.0.0.1:1", {"GLOO_SOCKET_IFNAME": "eth9"})
+    assert chosen == {} and "as given" in line
+
+
+def test_virtual_hosts_interfaces(hosts):
+    if hosts.mode != "namespaces":
+        pytest.skip(hosts.reason)
+    chosen, line = interface_env(f"{hosts.addresses[0]}:1", {})
+    assert chosen == {"GLOO_SOCKET_IFNAME": hosts.interfaces[0],
+                      "NCCL_SOCKET_IFNAME": hosts.interfaces[0]}
+    assert hosts.interfaces[0] in line
+    assert hosts.command(1, ["true"])[:4] == ["ip", "netns", "exec", hosts.namespace]
+
+
+def test_cli_node_flags(job):
+    ns = build_parser().parse_args(["launch", "-n", "2", "--nnodes", "2", "--node-rank", "1",
+                                    "--rdzv-endpoint", "node0:29500", "--rdzv-id", "j1",
+                                    str(job)])
+    ns.script_args = []
+    kw = launch_kwargs(ns)
+    assert (kw["nnodes"], kw["node_rank"], kw["rdzv_endpoint"], kw["rdzv_id"]) == \
+        (2, 1, "node0:29500", "j1")
+
+
+def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "labutils.cli", "launch", "-n", "2",
+                           "--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint",
+                           "127.0.0.1:29500", "--rdzv-id", "j", str(job)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("labutils launch: node_rank")
