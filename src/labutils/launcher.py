@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +42,7 @@ from labutils.config import LaunchSpec, make_spec, new_run_dir, public_fault, to
 from labutils.network import check_endpoint_host, interface_env
 from labutils.diagnosis import analyse_hang, find_failure
 from labutils.display import Display, make_display
+from labutils.errors import LaunchConfigError
 from labutils.result import RankResult, RunResult, attempt_line
 from labutils.streams import EventTail, RankOutput
 
@@ -123,6 +125,8 @@ class Launch:
         self.remote_nodes: set[str] = set()  # tokens of other machines' launchers seen
         self.stop_seen = False
         self.notes: list[str] = []  # lines for the display once the run starts
+        # Ranks may run where this launcher cannot signal them (other machines' nodes).
+        self.shared = spec.multinode
 
     @property
     def proc(self) -> subprocess.Popen | None:
@@ -134,15 +138,12 @@ class Launch:
         global _last_result
         spec = self.spec
         port, run_id = free_port(), uuid.uuid4().hex[:12]
-        self.agents = [
-            _Agent(i, torchrun_command(spec, port=port, run_id=run_id, agent=i),
-                   runfiles.agent_log_path(self.run_dir, self.token or i))
-            for i in range(spec.local_agents)
-        ]
-        self.command = self.agents[0].command
-        command_file = f"command-{self.token}.txt" if self.token else "command.txt"
-        (self.run_dir / command_file).write_text(
-            "\n\n".join("\n".join(a.command) for a in self.agents) + "\n")
+        self.agents = self._make_agents(port, run_id)
+        if self.agents:
+            self.command = self.agents[0].command
+            command_file = f"command-{self.token}.txt" if self.token else "command.txt"
+            (self.run_dir / command_file).write_text(
+                "\n\n".join("\n".join(a.command) for a in self.agents) + "\n")
         env = os.environ.copy()
         net_note = None
         if spec.multinode:
@@ -165,7 +166,7 @@ class Launch:
         interrupted = False
         self.display.start(world_size=spec.world_size, log_dir=str(self.run_dir),
                            script=str(spec.script))
-        if spec.local_agents > 1:
+        if spec.local_agents > 1 and self.agents:
             self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
                               f"join one rendezvous, --nnodes {spec.nnodes}")
         if spec.multinode:
@@ -176,13 +177,7 @@ class Launch:
             self.display.note(line)
         with contextlib.ExitStack() as logs:
             try:
-                for agent in self.agents:
-                    log = logs.enter_context(open(agent.log_path, "wb"))
-                    agent.proc = subprocess.Popen(
-                        agent.command, stdin=subprocess.DEVNULL, stdout=log,
-                        stderr=subprocess.STDOUT, start_new_session=True,
-                        env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index + spec.node_index)},
-                    )
+                self._start(env, logs)
                 self._follow()
             except KeyboardInterrupt:
                 interrupted = True
@@ -203,6 +198,21 @@ class Launch:
         if interrupted:
             raise KeyboardInterrupt(f"run interrupted; every rank was stopped. {result.headline()}")
         return result
+
+    def _make_agents(self, port: int, run_id: str) -> list[_Agent]:
+        return [_Agent(i, torchrun_command(self.spec, port=port, run_id=run_id, agent=i),
+                       runfiles.agent_log_path(self.run_dir, self.token or i))
+                for i in range(self.spec.local_agents)]
+
+    def _start(self, env: dict[str, str], logs: contextlib.ExitStack) -> None:
+        """Start the agents (a scheduler's launch submits its job instead)."""
+        for agent in self.agents:
+            log = logs.enter_context(open(agent.log_path, "wb"))
+            agent.proc = subprocess.Popen(
+                agent.command, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)},
+            )
 
     def _follow(self) -> None:
         spec, last_tick = self.spec, 0.0
@@ -272,7 +282,7 @@ class Launch:
         if not self.current:
             return False
         members = self._members()
-        if self.spec.multinode:  # without a shared run folder only this node's ranks show
+        if self.shared:  # without a shared run folder only this node's ranks show
             members = [r for r in members if r.pid] or members
         started = all(r.attempt == self.attempt and r.pid for r in members)
         return started and any(self._alive(r) for r in members)
@@ -315,13 +325,13 @@ class Launch:
 
     def _tell_other_nodes(self) -> None:
         """Ask every other node's launcher to stop (this one is ending the job early)."""
-        if not self.spec.multinode or self.stop_seen or self.reason not in (
+        if not self.shared or self.stop_seen or self.reason not in (
                 "stopped", "timeout", "hang", "interrupted"):
             return
         path = runfiles.stop_path(self.run_dir)
         if not path.exists():
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"by": self.token, "reason": self.reason}))
+            tmp.write_text(json.dumps({"by": self.token or "launcher", "reason": self.reason}))
             os.replace(tmp, path)
 
     def _shutdown(self) -> None:
@@ -563,7 +573,7 @@ class Launch:
         logs = [a for a in self.agents if a.log_path.exists()]
         agent_text = "\n".join(a.log_path.read_text(errors="replace") for a in logs
                                if not a.stopped_by_fault)
-        if self.spec.multinode:  # every node's torchrun says which of its ranks failed
+        if self.shared:  # every node's torchrun says which of its ranks failed
             agent_text = "\n".join(p.read_text(errors="replace")
                                    for p in runfiles.agent_logs(self.run_dir))
         # torchrun's own list of failed ranks is the final word on exit codes: a rank
@@ -600,7 +610,7 @@ class Launch:
         self.attempts.append(entry)
         victims = set(failure.victims) if failure else set()
         shown = self.ranks
-        if (self.spec.elastic or self.spec.multinode) and any(r.pid for r in self.ranks):
+        if (self.spec.elastic or self.shared) and any(r.pid for r in self.ranks):
             shown = [r for r in self.ranks if r.pid]  # the ranks that ran in some attempt
         ranks = [
             RankResult(
@@ -620,6 +630,119 @@ class Launch:
             commands=[a.command for a in self.agents],
             agent_exit_code=self.proc.returncode if self.proc else None,
         )
+
+
+class SlurmLaunch(Launch):
+    """launch(..., scheduler="slurm"): the run as a SLURM batch job, followed from here.
+
+    The job's script (labutils.slurm.sbatch_script) runs one `labutils launch` per
+    node of the allocation, each one node of a multi-node job (node rank
+    $SLURM_NODEID, rendezvous at the first node) writing into this run folder. So
+    this launcher starts no process itself: it submits the job, shows every rank's
+    lines and events as they land in the folder (the cluster's nodes must share it
+    with this machine, as home and project folders are on SLURM clusters), reads
+    the stacks of a hung job through stack-request.json, and ends the job with
+    stop.json and scancel (on stop, interrupt, timeout or hang), waiting until it has
+    left the queue.
+    """
+
+    STATE_POLL_S = 0.5
+
+    def __init__(self, spec: LaunchSpec, run_dir: Path, display: Display,
+                 options: dict | None = None) -> None:
+        super().__init__(spec, run_dir, display)
+        self.shared = True
+        self.options = dict(options or {})
+        self.job = None
+        self.job_state: str | None = None
+        self._state_at = 0.0
+        self._cancelled = False
+
+    def _node_command(self, node):
+        from labutils.slurm import ShellRef
+
+        spec = self.spec
+        words = [node.python, "-m", "labutils.cli", "launch", "-n", str(spec.nproc),
+                 "--nnodes", node.nnodes, "--node-rank", node.node_rank,
+                 "--rdzv-endpoint", node.rdzv_endpoint, "--rdzv-id", self.run_dir.name,
+                 "--log-dir", str(self.run_dir.parent), "--backend", spec.backend,
+                 # This launcher reads the stacks of a hung job; the nodes only stop
+                 # when it says so (stop.json) or at the timeout.
+                 "--hang-timeout", "0", "--max-restarts", str(spec.max_restarts)]
+        if spec.timeout is not None:
+            words += ["--timeout", f"{spec.timeout:g}"]
+        fault = spec.fault
+        if fault is not None:
+            words += ["--kill-rank", str(fault["rank"]), "--kill-at-step", str(fault["step"])]
+        assert all(isinstance(w, (str, ShellRef)) for w in words)
+        return [*words, node.script, "--", *node.args]
+
+    def _make_agents(self, port: int, run_id: str) -> list[_Agent]:
+        return []  # the job's nodes start theirs
+
+    def batch_script(self) -> str:
+        from labutils._proc import free_port
+        from labutils.slurm import sbatch_script
+
+        opts = {"time_limit": "00:30:00", **self.options}
+        return sbatch_script(
+            str(self.spec.script), nnodes=self.spec.local_agents, nproc_per_node=self.spec.nproc,
+            args=self.spec.args, job_name=opts.pop("job_name", self.spec.script.stem),
+            output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=free_port(),
+            python=sys.executable, node_command=self._node_command, **opts)
+
+    def _start(self, env, logs) -> None:
+        from labutils.slurm import SlurmJob
+
+        text = self.batch_script()
+        (self.run_dir / "job.sbatch").write_text(text)
+        self.job = SlurmJob.submit(text, self.run_dir)
+        self.command = ["sbatch", str(self.run_dir / "job.sbatch")]
+        self.display.note(f"SLURM job {self.job.job_id} submitted: {self.spec.local_agents} "
+                          f"node(s) x {self.spec.nproc} rank(s); batch script job.sbatch, "
+                          f"SLURM's output slurm-{self.job.job_id}.out in the run folder")
+
+    def _agents_done(self, now: float) -> bool:
+        if self.job is None:
+            return True
+        if now - self._state_at >= self.STATE_POLL_S:
+            self._state_at = now
+            state = self.job.state()
+            if state != self.job_state:
+                self.job_state = state
+                self.display.note(f"SLURM job {self.job.job_id}: {state}")
+        from labutils.slurm import ACTIVE_STATES
+
+        return self.job_state not in ACTIVE_STATES
+
+    def _alive(self, r: _Rank) -> bool:
+        return r.exit_code is None and not self._node_done(r.node) and \
+            self.job_state in (None, "RUNNING", "COMPLETING", "CONFIGURING")
+
+    def _diagnoses_hangs(self) -> bool:
+        return True
+
+    def _shutdown(self) -> None:
+        self._tell_other_nodes()
+        if self.job is not None and self.reason != "ok" and self.job_state not in (
+                "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            self.display.note(f"cancelling SLURM job {self.job.job_id} (scancel)")
+            self.job_state = self.job.cancel(wait=True)
+            self._cancelled = True
+        self._poll(final=True)
+        for r in self.ranks:
+            r.output.close()
+            r.events.close()
+
+    def _result(self) -> RunResult:
+        if self.reason == "ok" and self.job is not None:
+            code = self.job.exit_code()
+            if self.job_state != "COMPLETED" or code not in (0, None):
+                self.reason = "failed"
+        result = super()._result()
+        result.command = self.command
+        result.agent_exit_code = self.job.exit_code() if self.job is not None else None
+        return result
 
 
 def _node_token(spec: LaunchSpec) -> str:
@@ -714,6 +837,8 @@ def launch(
     node_rank: int | None = None,
     rdzv_endpoint: str | None = None,
     rdzv_id: str | None = None,
+    scheduler: str | None = None,
+    slurm: dict | None = None,
 ) -> RunResult:
     """Run ``script`` on ``nproc`` ranks with torchrun and return what happened.
 
@@ -760,6 +885,13 @@ def launch(
             shows every rank. GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are set to the
             interface that reaches the endpoint unless env (or the environment)
             sets them.
+        scheduler: None (start the ranks here) or "slurm": submit the run as a batch
+            job of nnodes nodes x nproc ranks (sbatch) and follow it from here like a
+            local run: same display, RunResult, failure and hang diagnosis; stop,
+            interrupt, timeout and hang cancel the job (scancel). The run folder must
+            be one the cluster's nodes share with this machine.
+        slurm: sbatch settings for scheduler="slurm": partition, time_limit
+            ("HH:MM:SS", default 00:30:00), gpus_per_node, cpus_per_task, job_name.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the
@@ -769,16 +901,56 @@ def launch(
                    timeout=timeout, max_restarts=max_restarts, log_dir=log_dir, display=display,
                    env=env, fault=fault, nnodes=nnodes, local_agents=local_agents,
                    rdzv_conf=rdzv_conf, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                   rdzv_id=rdzv_id).run()
+                   rdzv_id=rdzv_id, scheduler=scheduler, slurm=slurm).run()
 
 
-def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", **kwargs) -> Launch:
+SCHEDULERS = (None, "slurm")
+
+
+def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=None,
+            slurm: dict | None = None, **kwargs) -> Launch:
     """launch() up to the moment processes start: every input checked (LaunchConfigError
     on the first bad one), the display made, the run folder created. .run() starts it."""
+    if scheduler not in SCHEDULERS:
+        raise LaunchConfigError("scheduler", expected="None (this machine) or 'slurm'",
+                                given=scheduler, fix='pass scheduler="slurm" or leave it out')
+    if scheduler is None and slurm is not None:
+        raise LaunchConfigError("slurm", expected='scheduler="slurm" with it', given=slurm,
+                                fix='pass scheduler="slurm", slurm={"partition": ...}')
     spec = make_spec(script, nproc, **kwargs)
+    if scheduler == "slurm":
+        _check_slurm_request(spec, slurm)
     if spec.multinode:
         check_endpoint_host(spec.rdzv_endpoint)
     if not isinstance(display, Display):
         display = make_display(display)
     run_dir = new_run_dir(spec.script, log_dir, job=spec.rdzv_id)
+    if scheduler == "slurm":
+        return SlurmLaunch(spec, run_dir, display, slurm)
     return Launch(spec, run_dir, display)
+
+
+_SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "job_name")
+
+
+def _check_slurm_request(spec: LaunchSpec, slurm) -> None:
+    """What scheduler="slurm" cannot take, and whether the cluster answers: one line each."""
+    from labutils.slurm import check_cluster, sbatch_script
+
+    if spec.multinode or spec.min_nodes != spec.max_nodes:
+        raise LaunchConfigError(
+            "scheduler", expected='a fixed nnodes=N and no node_rank/rdzv_endpoint/rdzv_id: '
+            'SLURM says where the nodes meet', given=f"nnodes={spec.nnodes}",
+            fix='pass e.g. launch("train.py", nproc=2, nnodes=2, scheduler="slurm")')
+    if len(spec.faults) > 1 or any("agent" in f for f in spec.faults):
+        raise LaunchConfigError("fault", expected='one {"rank": R, "step": S} fault with SLURM',
+                                given=[public_fault(f) for f in spec.faults],
+                                fix="inject one rank fault, or run the scenario locally")
+    if slurm is not None and (not isinstance(slurm, dict) or set(slurm) - set(_SLURM_OPTIONS)):
+        raise LaunchConfigError("slurm", expected=f"a dict with keys among {', '.join(_SLURM_OPTIONS)}",
+                                given=slurm, fix='pass e.g. slurm={"partition": "debug", '
+                                '"time_limit": "00:10:00"}')
+    opts = {"time_limit": "00:30:00", **(slurm or {})}
+    sbatch_script(str(spec.script), nnodes=spec.local_agents, nproc_per_node=spec.nproc,
+                  args=spec.args, **opts)  # the sbatch settings' own checks, before submitting
+    check_cluster()

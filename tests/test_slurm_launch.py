@@ -1,0 +1,129 @@
+"""launch(..., scheduler="slurm") against the real local SLURM cluster (tests/slurm_fixture.py).
+
+The run is submitted with sbatch; each node of the allocation runs one `labutils launch`
+node; this process follows the run folder as for a local run: live lines, RunResult,
+failure and hang diagnosis; stop and interrupt cancel the job and leave the queue empty.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+import pytest
+
+from labutils import launch
+from labutils.display import Display, TextDisplay
+from labutils.errors import LaunchConfigError
+from slurm_fixture import slurm_cluster  # noqa: F401  (the session's local cluster)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+JOB = textwrap.dedent("""
+    import sys, time
+    import torch
+    import torch.distributed as dist
+    from labutils.dist import init, report
+
+    rank, world, _ = init()
+    mode = sys.argv[1]
+    t = torch.ones(4) * (rank + 1)
+    for step in range(3):
+        if mode == "fail" and rank == 1 and step == 1:
+            raise RuntimeError("planted failure on rank 1")
+        if mode == "hang" and rank == 1 and step == 1:
+            time.sleep(300)
+        dist.all_reduce(t)
+        report(step=step, total=3)
+        if mode == "slow":
+            time.sleep(2)
+    print(f"rank {rank} of {world}: sum {t[0].item():.0f}")
+""")
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(JOB)
+    return path
+
+
+def _layout(cluster) -> dict:
+    """2 ranks in all: 2 nodes x 1, or 1 x 2 when the cluster has one node."""
+    return {"nnodes": cluster.nodes, "nproc": 2 // cluster.nodes}
+
+
+def _queue() -> str:
+    return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=10).stdout
+
+
+def test_job_streams_every_rank_back(slurm_cluster, job, tmp_path):
+    lines = []
+
+    class Recording(TextDisplay):
+        def lines(self, rank, stream, new):
+            lines.extend((rank, line) for line in new)
+            super().lines(rank, stream, new)
+
+    result = launch(job, args=["ok"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display=Recording(), hang_timeout=60, timeout=180, **_layout(slurm_cluster))
+    assert result.ok, result
+    assert result.world_size == 2
+    # 1 + 2 summed, then doubled twice by the next two all_reduce calls
+    assert (0, "rank 0 of 2: sum 12") in lines and (1, "rank 1 of 2: sum 12") in lines
+    assert sorted(r["rank"] for r in result.records) == [0, 0, 0, 1, 1, 1]
+    assert (result.log_dir / "job.sbatch").exists()
+    assert list(result.log_dir.glob("slurm-*.out"))
+    assert result.command[0] == "sbatch"
+    assert not _queue().strip()
+
+
+def test_planted_failure_names_its_rank(slurm_cluster, job, tmp_path):
+    result = launch(job, args=["fail"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display="none", hang_timeout=60, timeout=180, **_layout(slurm_cluster))
+    assert not result.ok and result.reason == "failed"
+    assert (result.failure.rank, result.failure.exc_type) == (1, "RuntimeError")
+    assert "planted failure on rank 1" in result.failure.message
+    assert result.failure.victims == [0]
+    assert result.exit_status == 1
+    assert not _queue().strip()
+
+
+def test_hang_is_diagnosed_and_the_job_cancelled(slurm_cluster, job, tmp_path):
+    result = launch(job, args=["hang"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display="none", hang_timeout=5, timeout=180, **_layout(slurm_cluster))
+    assert result.reason == "hang"
+    assert result.hang.stragglers == [1]
+    lines = JOB.splitlines()
+    sleep_line = next(i for i, ln in enumerate(lines, 1) if "time.sleep(300)" in ln)
+    assert result.hang.waiting[1].endswith(f"job.py:{sleep_line}")
+    assert not _queue().strip()
+
+
+class _StopAfterFirstRecord(Display):
+    def record(self, rank, values):
+        self.stop_requested.set()
+
+
+def test_stop_cancels_the_job_and_leaves_nothing(slurm_cluster, job, tmp_path):
+    display = _StopAfterFirstRecord()
+    result = launch(job, args=["slow"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display=display, hang_timeout=60, timeout=180, **_layout(slurm_cluster))
+    assert result.reason == "stopped"
+    assert not _queue().strip()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
+    assert str(job) not in ps  # no node launcher, agent or rank of the job is left
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(scheduler="pbs"), "scheduler"),
+    (dict(slurm={"partition": "debug"}), "slurm"),
+    (dict(scheduler="slurm", nnodes="1:2"), "scheduler"),
+    (dict(scheduler="slurm", slurm={"queue": "x"}), "slurm"),
+    (dict(scheduler="slurm", slurm={"time_limit": "soon"}), "time_limit"),
+])
+def test_bad_slurm_requests_fail_before_submitting(job, tmp_path, kwargs, what):
+    with pytest.raises(LaunchConfigError if what != "time_limit" else ValueError) as err:
+        launch(job, 1, log_dir=tmp_path / "runs", display="none", **kwargs)
+    assert str(err.value).startswith(f"{what}: expected")
+    assert not (tmp_path / "runs").exists()  # no run folder, nothing submitted
