@@ -51,7 +51,9 @@ for spec, parts in zip(args.phases, phases):  # check them all before any rank s
     if len(parts) != 2 or parts[0] not in ("sync", "async", "aware"):
         parser.error(f"bad phase {spec!r}: expected MODE@LR with MODE sync, async or aware, e.g. async@0.1")
 
-rank, world_size, device = init()
+# gloo even on GPU machines: the server receives from any source (dist.recv without src),
+# which NCCL does not offer, and this tiny model runs on CPU anyway.
+rank, world_size, device = init("gloo")
 torch.set_num_threads(1)
 n_workers = world_size - 1
 if n_workers < 1:
