@@ -127,3 +127,62 @@ def test_bad_slurm_requests_fail_before_submitting(job, tmp_path, kwargs, what):
         launch(job, 1, log_dir=tmp_path / "runs", display="none", **kwargs)
     assert str(err.value).startswith(f"{what}: expected")
     assert not (tmp_path / "runs").exists()  # no run folder, nothing submitted
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ctrl_c_on_the_cli_cancels_the_job(slurm_cluster, job, tmp_path):
+    import signal
+    import sys
+
+    layout = _layout(slurm_cluster)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labutils.cli", "launch", "-n", str(layout["nproc"]),
+         "--nnodes", str(layout["nnodes"]), "--scheduler", "slurm", "--time-limit", "00:05:00",
+         "--log-dir", str(runs), "--json", str(tmp_path / "s.json"), str(job), "--", "slow"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: list(runs.glob("*/rank1/events.jsonl")) and
+              '"record"' in next(runs.glob("*/rank1/events.jsonl")).read_text(), 120,
+              "rank 1's first record")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "cancelling SLURM job" in out
+    assert not _queue().strip()
+
+
+def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tmp_path):
+    """kill -9 of the process that follows the job (a kernel that dies): the nodes see
+    its lease go stale and end the job; nothing is left in the queue."""
+    import signal
+    import sys
+
+    import labutils.launcher as launcher
+
+    layout = _layout(slurm_cluster)
+    runs = tmp_path / "runs"
+    code = (f"import labutils.launcher as L; L.LEASE_STALE_S = 30; "
+            f"L.launch({str(job)!r}, {layout['nproc']}, nnodes={layout['nnodes']}, "
+            f"args=['hang'], scheduler='slurm', display='none', hang_timeout=None, "
+            f"log_dir={str(runs)!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _wait_for(lambda: list(runs.glob("*/rank0/events.jsonl")) and
+              '"record"' in next(runs.glob("*/rank0/events.jsonl")).read_text(), 120,
+              "rank 0's first record")
+    assert _queue().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _wait_for(lambda: not _queue().strip(), launcher.LEASE_STALE_S + 30, "the job to end")
+    (run,) = runs.iterdir()
+    assert "has not been heard from" in (next(run.glob("slurm-*.out")).read_text())

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from labutils.errors import LaunchConfigError
+from labutils.errors import LabutilsError, LaunchConfigError
 from labutils.result import EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -41,6 +41,14 @@ def _launch_parser(sub) -> None:
                       help="where the nodes meet: node 0's address and a free port")
     node.add_argument("--rdzv-id", default=None, metavar="ID",
                       help="the job's name, the same on every node (names the run folder)")
+    sched = p.add_argument_group(
+        "through a scheduler", "submit the run as a batch job of --nnodes nodes x -n ranks "
+        "and follow it here; stop, Ctrl-C, timeout and hang cancel it")
+    sched.add_argument("--scheduler", choices=["slurm"], default=None,
+                       help="slurm: sbatch, then follow the job (the run folder must be shared)")
+    sched.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's)")
+    sched.add_argument("--time-limit", default=None, metavar="HH:MM:SS",
+                       help="SLURM time limit (default 00:30:00)")
     fault = p.add_argument_group(
         "fault injection", "kill something at a step the script reports with "
         "labutils.dist.report(step=...); needs --max-restarts >= 1")
@@ -101,7 +109,19 @@ def launch_kwargs(ns: argparse.Namespace) -> dict:
         nnodes=int(ns.nnodes) if ns.nnodes.isdigit() else ns.nnodes,
         local_agents=ns.local_agents, fault=_fault(ns), rdzv_conf=_rdzv_conf(ns.rdzv_conf),
         node_rank=ns.node_rank, rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
+        **_scheduler(ns),
     )
+
+
+def _scheduler(ns: argparse.Namespace) -> dict:
+    slurm = {k: v for k, v in (("partition", ns.partition), ("time_limit", ns.time_limit))
+             if v is not None}
+    if ns.scheduler is None:
+        if slurm:
+            raise LaunchConfigError("--partition/--time-limit", expected="--scheduler slurm with them",
+                                    given=slurm, fix="add --scheduler slurm")
+        return {}
+    return {"scheduler": ns.scheduler, "slurm": slurm or None}
 
 
 def _cmd_launch(ns: argparse.Namespace) -> int:
@@ -218,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_grade(ns)
         if getattr(ns, "handler", None):  # labutils k8s, labutils slurm
             return ns.handler(ns)
-    except LaunchConfigError as exc:
+    except LabutilsError as exc:  # bad input, or a scheduler that does not answer
         print(f"labutils {ns.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     parser.error(f"unknown command {ns.command}")

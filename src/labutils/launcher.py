@@ -53,6 +53,10 @@ AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvou
 # How long agents may linger once every rank has finished while an agent is gone by an
 # injected fault: torchrun's exit barrier would wait 300 s for the agent that left.
 EXIT_BARRIER_GRACE_S = 2.0
+# A job's nodes end it when the launcher following it (scheduler="slurm") has not renewed
+# its lease for this long: that launcher, or the kernel it ran in, was killed.
+LEASE_RENEW_S = 1.0
+LEASE_STALE_S = 30.0
 _AGENT_FAILURE_RE = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
 )
@@ -245,6 +249,7 @@ class Launch:
                 return
             if now - last_tick >= TICK_S:
                 self.display.tick()
+                self._renew_lease(now)
                 last_tick = now
             time.sleep(POLL_S)
 
@@ -307,11 +312,29 @@ class Launch:
             return True
         return _node_order(self.token) <= min(map(_node_order, self.remote_nodes))
 
-    def _stopped_elsewhere(self) -> bool:
-        """Another node's launcher ended the job early (stop.json): stop here too."""
-        path = runfiles.stop_path(self.run_dir)
-        if self.stop_seen or not path.exists():
+    def _renew_lease(self, now: float) -> None:
+        """Only a launcher that follows a job it submitted holds a lease."""
+
+    def _lease_lost(self) -> bool:
+        """The launcher that submitted this job stopped renewing its lease."""
+        try:
+            age = time.time() - runfiles.lease_path(self.run_dir).stat().st_mtime
+        except OSError:
             return False
+        if age < LEASE_STALE_S:
+            return False
+        self.display.note(f"the launcher that submitted this job has not been heard from for "
+                          f"{age:.0f} s (its lease): ending the job")
+        return True
+
+    def _stopped_elsewhere(self) -> bool:
+        """Another node's launcher ended the job early (stop.json), or the launcher that
+        submitted it is gone (a stale lease): stop here too."""
+        path = runfiles.stop_path(self.run_dir)
+        if self.stop_seen:
+            return False
+        if not path.exists():
+            return self._lease_lost()
         try:
             stop = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -680,6 +703,11 @@ class SlurmLaunch(Launch):
     def _make_agents(self, port: int, run_id: str) -> list[_Agent]:
         return []  # the job's nodes start theirs
 
+    def _renew_lease(self, now: float) -> None:
+        if now - getattr(self, "_lease_at", 0.0) >= LEASE_RENEW_S:
+            self._lease_at = now
+            runfiles.lease_path(self.run_dir).touch()
+
     def batch_script(self) -> str:
         from labutils._proc import free_port
         from labutils.slurm import sbatch_script
@@ -696,6 +724,7 @@ class SlurmLaunch(Launch):
 
         text = self.batch_script()
         (self.run_dir / "job.sbatch").write_text(text)
+        self._renew_lease(time.monotonic())
         self.job = SlurmJob.submit(text, self.run_dir)
         self.command = ["sbatch", str(self.run_dir / "job.sbatch")]
         self.display.note(f"SLURM job {self.job.job_id} submitted: {self.spec.local_agents} "

@@ -13,6 +13,7 @@ A run folder looks like this::
         stack-request.json   ranks asked to dump their stacks (multi-node hangs)
         stop.json            the reason a node's launcher ended the job early
         done-node1 ...       a node's agent has exited (the other nodes stop waiting)
+        lease                kept fresh by the launcher following a SLURM job
         rank0/stdout.log     everything rank 0 wrote to fd 1, all attempts
         rank0/stderr.log     everything rank 0 wrote to fd 2, all attempts
         rank0/events.jsonl   start / progress / record / exception / exit events
@@ -86,6 +87,12 @@ def stack_request_path(run_dir: str | os.PathLike) -> Path:
 def stop_path(run_dir: str | os.PathLike) -> Path:
     """Written by the launcher that ends a run early; every other node's launcher stops."""
     return Path(run_dir) / "stop.json"
+
+
+def lease_path(run_dir: str | os.PathLike) -> Path:
+    """Touched every second by the launcher that submitted a job (scheduler="slurm");
+    the job's nodes end the job when it goes stale (that launcher was killed)."""
+    return Path(run_dir) / "lease"
 
 
 def node_done_path(run_dir: str | os.PathLike, node: str) -> Path:
