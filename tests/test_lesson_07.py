@@ -1,0 +1,161 @@
+"""Lesson 07: the measuring tools of the rank scripts (probes.py), the notebook's pure
+helpers (lesson07.py: traffic formulas, GPipe replay, parallel layout, self-check), and
+one real torchrun run of the hand-written tensor-parallel MLP against the unsplit one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from labutils import launch
+
+LESSON = Path(__file__).resolve().parent.parent / "lessons" / "07_beyond_ddp"
+
+
+@pytest.fixture
+def lesson07(monkeypatch):
+    monkeypatch.syspath_prepend(str(LESSON))
+    for name in ("lesson07", "probes", "models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import lesson07
+
+    return lesson07
+
+
+@pytest.fixture
+def probes(lesson07):
+    import probes
+
+    return probes
+
+
+# ------------------------------------------------------------------ probes.py
+
+def test_storage_bytes_counts_each_storage_once(probes):
+    base = torch.zeros(10, 4)
+    assert probes.storage_bytes([base, base[2:], base.view(40), None]) == 160
+    assert probes.storage_bytes([base, torch.zeros(3, dtype=torch.float64)]) == 160 + 24
+
+
+def test_saved_activations_of_a_block_are_16_values_per_token_and_width(probes):
+    import models
+
+    cfg = models.Config(vocab=64, width=32, heads=2, blocks=2, seq_len=16)
+    torch.manual_seed(0)
+    model = models.TinyTransformer(cfg)
+    x, y = models.token_batch(0, 0, batch_size=3, cfg=cfg)
+    with probes.SavedActivations(model) as meter:
+        models.lm_loss(model(x), y)
+    tokens = x.numel()
+    # 16 x width floats per token, plus two LayerNorms' mean and 1/std (4 floats) and the
+    # attention's log-sum-exp (one float per head)
+    per_block = tokens * 4 * (16 * cfg.width + 4 + cfg.heads)
+    assert meter.by_part["blocks.0"] == meter.by_part["blocks.1"] == per_block
+    assert set(meter.by_part) >= {"embeddings", "blocks.0", "blocks.1", "ln", "head", "loss"}
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # hooks removed
+
+
+def test_collective_log_records_ops_phases_and_peers(probes, monkeypatch):
+    seen = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *a, **k: seen.append(("all_reduce", tensor.numel())))
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src, *a, **k: seen.append(("broadcast", src)))
+    monkeypatch.setattr(dist, "reduce_scatter_single",
+                        lambda output, input, *a, **k: seen.append(("reduce_scatter", input.numel())))
+    with probes.CollectiveLog(["all_reduce", "broadcast", "reduce_scatter_single"]) as log:
+        log.phase = "forward"
+        dist.all_reduce(torch.zeros(8))
+        log.phase = "step"
+        dist.broadcast(torch.zeros(2, 3), src=1)
+        dist.reduce_scatter_single(output=torch.zeros(4), input=torch.zeros(8))
+    assert [(c.op, c.nbytes, c.phase, c.peer) for c in log.calls] == [
+        ("all_reduce", 32, "forward", None), ("broadcast", 24, "step", 1),
+        ("reduce_scatter_single", 32, "step", None)]
+    assert seen == [("all_reduce", 8), ("broadcast", 1), ("reduce_scatter", 8)]  # the real calls still ran
+    dist.all_reduce(torch.zeros(1))
+    assert len(log.calls) == 3  # unwrapped after the block
+
+
+def test_collective_log_rejects_unknown_ops(probes):
+    with pytest.raises(ValueError, match="unknown ops"):
+        probes.CollectiveLog(["all_reduce", "allreduce"])
+
+
+# ------------------------------------------------------------------ lesson07.py
+
+@pytest.mark.parametrize(("op", "world", "rank", "peer", "expected"), [
+    ("all_reduce", 2, 0, None, 100.0),
+    ("all_reduce", 4, 0, None, 150.0),
+    ("all_gather_single", 4, 1, None, 75.0),
+    ("reduce_scatter_single", 2, 1, None, 50.0),
+    ("broadcast", 4, 0, 0, 0.0),
+    ("broadcast", 4, 2, 0, 100.0),
+    ("send", 2, 0, 1, 100.0),
+])
+def test_rank_traffic_uses_lesson_02_formulas(lesson07, op, world, rank, peer, expected):
+    call = {"op": op, "nbytes": 100, "peer": peer}
+    assert lesson07.rank_traffic(call, world_size=world, rank=rank) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("stages", "micro"), [(2, 1), (2, 4), (3, 5), (4, 12)])
+def test_gpipe_replay_with_equal_times_gives_the_formula(lesson07, stages, micro):
+    replay = lesson07.gpipe_replay([[1.0] * micro] * stages, [[2.0] * micro] * stages)
+    assert replay["step_s"] == pytest.approx((micro + stages - 1) * 3.0)
+    formula = lesson07.bubble_formulas(stages, micro)
+    assert replay["idle_fraction"] == pytest.approx([formula["idle_fraction"]] * stages)
+    assert formula["idle_over_busy"] == pytest.approx((stages - 1) / micro)
+
+
+def test_gpipe_replay_with_a_slow_stage(lesson07):
+    # stage 1 twice as slow: the pipeline runs at its pace, stage 0 waits
+    replay = lesson07.gpipe_replay([[1.0] * 4, [2.0] * 4], [[1.0] * 4, [2.0] * 4])
+    assert replay["step_s"] == pytest.approx(1 + 4 * 2 + 4 * 2 + 1)
+    assert replay["idle_fraction"][0] > replay["idle_fraction"][1]
+    with pytest.raises(ValueError, match="one list of m times per stage"):
+        lesson07.gpipe_replay([[1.0] * 4, [1.0] * 3], [[1.0] * 4, [1.0] * 4])
+
+
+def test_parallel_layout_matches_a_pp_dp_tp_mesh(lesson07):
+    lay = lesson07.parallel_layout(16, tp=4, pp=2)
+    assert lay["dp"] == 2
+    mesh = torch.arange(16).view(2, 2, 4)  # the order init_device_mesh uses for (pp, dp, tp)
+    assert lay["groups"]["tp"] == sorted(mesh.reshape(-1, 4).tolist())
+    assert lay["groups"]["dp"] == sorted(mesh.permute(0, 2, 1).reshape(-1, 2).tolist())
+    assert lay["groups"]["pp"] == sorted(mesh.permute(1, 2, 0).reshape(-1, 2).tolist())
+    for kind in ("tp", "dp", "pp"):
+        assert sorted(r for g in lay["groups"][kind] for r in g) == list(range(16))
+
+
+@pytest.mark.parametrize(("world", "tp", "pp"), [(6, 4, 1), (8, 0, 2), (8, 2, True), (8.0, 2, 2)])
+def test_parallel_layout_rejects_bad_degrees(lesson07, world, tp, pp):
+    with pytest.raises(ValueError, match="parallel_layout"):
+        lesson07.parallel_layout(world, tp=tp, pp=pp)
+
+
+def test_check_answers(lesson07, capsys):
+    right = {name: want for name, (want, _) in lesson07.EXPECTED.items()}
+    lesson07.check_answers(right)
+    assert capsys.readouterr().out.count(": correct") == len(right)
+    lesson07.check_answers({"q1_bytes_per_param_fp32_adam": 20, "q6_keep_inside_one_machine": "Pipeline",
+                            "q9": 1})
+    out = capsys.readouterr().out
+    assert "q1_bytes_per_param_fp32_adam: not quite" in out and "q6_keep_inside_one_machine: not quite" in out
+    assert "unknown question names ['q9']" in out and "q2_adam_gb_per_rank_1e9_params_8_ranks: not answered" in out
+
+
+# ------------------------------------------------------------------ a real run
+
+def test_tensor_parallel_mlp_equals_the_unsplit_one(runs_dir, lesson07):
+    result = launch(LESSON / "tensor_parallel.py", 2, display="none", hang_timeout=90, timeout=300)
+    assert result.ok, result.summary()
+    hand = [r for r in result.records if r["part"] == "by hand"]
+    assert sorted(r["rank"] for r in hand) == [0, 1]
+    for rec in hand:
+        assert all(c["verdict"] == "equal (assert_close)" for c in rec["checks"]), rec["checks"]
+        assert [(c["op"], c["phase"]) for c in rec["calls"]] == [("all_reduce", "forward"), ("all_reduce", "backward")]
+        assert rec["trap_grad_ratio"] == pytest.approx(2.0)
+    for rec in (r for r in result.records if r["part"] == "library"):
+        assert rec["verdict"] == "equal (assert_close)" and rec["forward_collectives"] == {"all_reduce": 1}
