@@ -10,6 +10,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from labutils import selfcheck
+
 
 def readable_command(command: Sequence[str]) -> str:
     """A launcher command line with this machine's paths shortened (python, relative paths)."""
@@ -53,15 +55,4 @@ def check_answers(answers: dict, *, hang_calls: dict[int, str] | None = None) ->
     """
     in_collective = None if hang_calls is None else sum(1 for c in hang_calls.values() if c)
     expected = _expected(in_collective)
-    unknown = sorted(set(answers) - set(expected))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(expected)}")
-    for name, (want, hint) in expected.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif isinstance(want, str) and str(given).strip().upper() == want \
-                or not isinstance(want, str) and given == want:
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
+    selfcheck.check_answers(answers, expected)

@@ -6,13 +6,13 @@ module; only the notebook does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from labutils import selfcheck
 from labutils.tables import text_table
 from labutils.timing import format_bytes
 from model import PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer, shard
@@ -249,15 +249,4 @@ def check_answers(answers: dict) -> None:
         "q4_device_ids_error": ("ValueError", "the error ddp_train.py reported"),
         "q5_dp_loss_device": (0, "the gather stage"),
     }
-    unknown = sorted(set(answers) - set(expected))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(expected)}")
-    for name, (want, hint) in expected.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif (str(given).strip() == want if isinstance(want, str)
-              else isinstance(given, (int, float)) and math.isclose(given, want)):
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
+    selfcheck.check_answers(answers, expected)

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from labutils import selfcheck
 from labutils.tables import text_table
 from labutils.timing import (
     algbw, busbw, fit_alpha_beta, format_bytes, format_rate, format_seconds,
@@ -246,20 +247,7 @@ def check_answers(answers: dict, *, fit=None) -> None:
         "q4_predicted_seconds_64mib": (predicted, "fit.predict(64 * 2**20)", 0.02),
         "q5_detail_catches_same_shape": (False, "look at what the check call returned in section 6", 0),
     }
-    unknown = sorted(set(answers) - set(expected))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(expected)}")
-    for name, (want, hint, rel) in expected.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif isinstance(want, bool):
-            print(f"{name}: correct" if given is want else f"{name}: not quite ({given!r}); hint: {hint}")
-        elif want is not None and isinstance(given, (int, float)) and math.isclose(given, want, rel_tol=rel):
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
-
+    selfcheck.check_answers(answers, expected)
 
 __all__ = [
     "primitive_tables", "barrier_table", "show_source", "frame_in", "correctness_table", "traffic_table",

@@ -6,11 +6,11 @@ comm_hooks.py) do not import this module; only the notebook does.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterable
 
+from labutils import selfcheck
 from labutils.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
 from labutils.tables import text_table
 from labutils.timing import AlphaBeta, fit_alpha_beta, format_bytes, format_seconds
@@ -280,21 +280,7 @@ def check_answers(answers: dict) -> None:
         "q5_fp16_mib_sent_for_100_mib": (50, "fp16 is 2 bytes per value instead of 4"),
         "q6_hang_rank_waits_in": ("backward", "DDP's all-reduces run inside loss.backward()"),
     }
-    unknown = sorted(set(answers) - set(expected))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(expected)}")
-    for name, (want, hint) in expected.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif isinstance(want, str):
-            ok = want in str(given).lower()
-            print(f"{name}: correct" if ok else f"{name}: not quite ({given!r}); hint: {hint}")
-        elif isinstance(given, (int, float)) and math.isclose(given, want, rel_tol=1e-9):
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
-
+    selfcheck.check_answers(answers, expected, text="contains")
 
 __all__ = [
     "bucket_table", "bucket_predictions", "bucket_sizes_for_plot", "timeline_lanes",

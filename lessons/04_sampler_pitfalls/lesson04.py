@@ -6,9 +6,9 @@ this module; only the notebook does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
+from labutils import selfcheck
 from labutils.sharding import coverage, ownership
 from labutils.tables import text_table
 
@@ -81,23 +81,6 @@ def check_answers(answers: dict) -> None:
         "q4_epochs_same_order_without_set_epoch": (True, "the shuffle is seeded with seed + epoch"),
         "q5_join_context": ("join", "with ddp.join(): around the training loop"),
     }
-    unknown = sorted(set(answers) - set(expected))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(expected)}")
-    for name, (want, hint) in expected.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-            continue
-        if isinstance(want, bool):
-            ok = given is want
-        elif isinstance(want, str):
-            ok = want in str(given).lower()
-        elif isinstance(want, list):
-            ok = list(given) == want if isinstance(given, (list, tuple)) else False
-        else:
-            ok = isinstance(given, (int, float)) and math.isclose(given, want)
-        print(f"{name}: correct" if ok else f"{name}: not quite ({given!r}); hint: {hint}")
-
+    selfcheck.check_answers(answers, expected, text="contains")
 
 __all__ = ["index_lists", "verdict", "eval_table", "worker_table", "repeated_draws", "check_answers"]

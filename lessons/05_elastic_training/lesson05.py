@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from labutils import selfcheck
 from labutils.tables import text_table
 
 CHECKPOINTS = Path("runs") / "05_checkpoints"
@@ -115,14 +116,4 @@ EXPECTED = {
 
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (None: not answered yet)."""
-    unknown = sorted(set(answers) - set(EXPECTED))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(EXPECTED)}")
-    for name, (want, hint) in EXPECTED.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif (str(given).strip().lower() == want) if isinstance(want, str) else given == want:
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
+    selfcheck.check_answers(answers, EXPECTED)

@@ -8,10 +8,10 @@ tensor_parallel.py, pipeline.py) do not import this module; only the notebook do
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from labutils import selfcheck
 from labutils.tables import text_table
 from labutils.timing import busbw_factor, format_bytes, format_seconds
 
@@ -489,22 +489,7 @@ EXPECTED = {
 
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (answers left as None are skipped)."""
-    unknown = sorted(set(answers) - set(EXPECTED))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(EXPECTED)}")
-    for name, (want, hint) in EXPECTED.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif isinstance(want, str):
-            ok = want in str(given).strip().lower()
-            print(f"{name}: correct" if ok else f"{name}: not quite ({given!r}); hint: {hint}")
-        elif isinstance(given, (int, float)) and not isinstance(given, bool) \
-                and math.isclose(given, want, rel_tol=0.02):
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
-
+    selfcheck.check_answers(answers, EXPECTED, rel_tol=0.02, text="contains")
 
 __all__ = [
     "rank_traffic", "replica_table", "activation_table", "activation_parts", "block_saved",

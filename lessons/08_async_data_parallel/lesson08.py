@@ -12,6 +12,7 @@ import statistics
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from labutils import selfcheck
 from labutils.tables import text_table
 from task import gradient, loss_of, make_data, make_model
 
@@ -260,14 +261,4 @@ EXPECTED = {
 
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (None: not answered yet)."""
-    unknown = sorted(set(answers) - set(EXPECTED))
-    if unknown:
-        print(f"unknown question names {unknown}; expected {sorted(EXPECTED)}")
-    for name, (want, hint) in EXPECTED.items():
-        given = answers.get(name)
-        if given is None:
-            print(f"{name}: not answered yet")
-        elif isinstance(given, (int, float)) and math.isclose(given, want, rel_tol=0.02, abs_tol=1e-9):
-            print(f"{name}: correct")
-        else:
-            print(f"{name}: not quite ({given!r}); hint: {hint}")
+    selfcheck.check_answers(answers, EXPECTED, rel_tol=0.02)
