@@ -65,3 +65,51 @@ def test_scaling_reading_states_the_core_bound(lesson06):
         "2 ranks: at most 100% from the cores alone; measured strong 100%, weak 100%",
         "4 ranks: at most 50% from the cores alone; measured strong 50%, weak 50%",
     ]
+
+
+# ------------------------------------------------------------ beyond one machine
+def _two_node_records(steps=4, payload=1 << 18):
+    return [{"rank": r, "group_rank": r // 2, "local_rank": r % 2, "local_world_size": 2,
+             "world_size": 4, "sum": 10.0, "payload_bytes": payload * 4, "steps": steps,
+             "ifname": ""} for r in (3, 1, 0, 2)]
+
+
+def test_ring_share_per_direction_is_one_rank_of_2_n_minus_1_over_n(lesson06):
+    records = _two_node_records()
+    assert lesson06.ring_bytes_per_direction(records) == 4 * (1 << 20) * 3 // 2
+    table = lesson06.rank_node_table(records).splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["0", "1", "2", "3"]
+    assert all(" ok " in line and "DIFFERS" not in line for line in table[2:])
+
+
+def test_bytes_crossed_on_loopback_says_there_is_nothing_to_count(lesson06):
+    from labutils.network import VirtualHosts
+
+    hosts = VirtualHosts(reason="no root")
+    assert lesson06.hosts_line(hosts) == "mode: loopback. no root"
+    text = lesson06.bytes_crossed(hosts, {}, {}, _two_node_records())
+    assert "6,291,456 bytes" in text and "nothing to count" in text
+
+
+def test_node_commands_parse_with_the_cli_and_differ_only_in_node_rank(lesson06):
+    import shlex
+
+    from labutils.cli import build_parser
+
+    text = lesson06.node_commands("train.py", nnodes=2, nproc=4, endpoint="node0:29500",
+                                  rdzv_id="job-1", log_dir="/shared/runs", ifname="eth0")
+    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("labutils")]
+    assert len(commands) == 2
+    parsed = [build_parser().parse_args(words[1:]) for words in commands]
+    assert [ns.node_rank for ns in parsed] == [0, 1]
+    for ns in parsed:
+        assert (ns.nproc, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.log_dir, ns.script) == \
+            (4, "2", "node0:29500", "job-1", "/shared/runs", "train.py")
+    assert [w for w in commands[0] if w not in commands[1]] == ["0"]
+    assert text.count("GLOO_SOCKET_IFNAME=eth0") == 2
+
+
+def test_compose_node_services_differ_only_in_node_rank(lesson06):
+    text = lesson06.compose_node_services()
+    assert "hostname: node0" in text and "hostname: node1" in text
+    assert text.splitlines()[-1] == "node0 and node1 commands differ only in: word 7: '0' / '1'"

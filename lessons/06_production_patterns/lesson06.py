@@ -1,9 +1,11 @@
 """Helpers for the lesson 06 notebook: the in-process mixed-precision demos, readings of
-the profiling and scaling runs, and the self-check. The rank scripts do not import this.
+the profiling, scaling and two-node runs, the cluster recipes, and the self-check. The
+rank scripts do not import this.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import statistics
 from pathlib import Path
@@ -15,6 +17,7 @@ from labutils.tables import text_table
 
 
 FILES = Path("runs") / "06_files"
+REPO = Path(__file__).resolve().parents[2]  # the course folder: lessons/, docker/, src/
 
 
 def fresh_dir(name: str) -> str:
@@ -145,6 +148,124 @@ def scaling_table(seconds: dict[str, dict[int, float]]) -> str:
                        "weak: samples/s"], rows, right=[0, 1, 2, 3, 4, 5])
 
 
+# ------------------------------------------------------------------ beyond one machine
+def hosts_line(hosts) -> str:
+    """Which kind of "two machines" this run gets, in one line (addresses are this host's)."""
+    if hosts.mode == "namespaces":
+        return (f"mode: namespaces. node 0 = {hosts.addresses[0]} (the notebook's network), "
+                f"node 1 = {hosts.addresses[1]} in network namespace {hosts.namespace}, "
+                f"joined by the veth pair {hosts.interfaces[0]} <-> {hosts.interfaces[1]}")
+    return f"mode: loopback. {hosts.reason}"
+
+
+def rank_node_table(records: list[dict]) -> str:
+    """Per rank: the node it ran on (GROUP_RANK), LOCAL_RANK, and the rule torchrun's static
+    rendezvous numbers ranks by (node rank x ranks per node + local rank)."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["rank"]):
+        rule = r["group_rank"] * r["local_world_size"] + r["local_rank"]
+        rows.append([r["rank"], r["group_rank"], r["local_rank"], r["local_world_size"],
+                     r["world_size"], f"{rule} {'ok' if rule == r['rank'] else 'DIFFERS'}",
+                     f"{r['sum']:g}"])
+    return text_table(["RANK", "GROUP_RANK (node)", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                       "WORLD_SIZE", "node x LOCAL_WORLD_SIZE + LOCAL_RANK", "sum"], rows)
+
+
+def ring_bytes_per_direction(records: list[dict]) -> int:
+    """What a ring all-reduce must move across the cable in each direction, for a
+    2-node run.
+
+    Every rank sends 2(n-1)/n of the payload per all_reduce (lesson 02) to its right-hand
+    neighbour in the ring 0 -> 1 -> ... -> n-1 -> 0. With ranks numbered node by node,
+    exactly one ring link goes from node 0 to node 1 (node 0's last rank to node 1's
+    first) and one back (node 1's last rank to rank 0), so each direction carries one
+    rank's share.
+    """
+    first = records[0]
+    n = first["world_size"]
+    return first["steps"] * first["payload_bytes"] * 2 * (n - 1) // n
+
+
+def bytes_crossed(hosts, before: dict, after: dict, records: list[dict]) -> str:
+    """The veth pair's byte counters over the run against the ring all-reduce's payload."""
+    first = records[0]
+    n, mib = first["world_size"], first["payload_bytes"] / 2**20
+    expected = ring_bytes_per_direction(records)
+    lines = [f"payload: {first['steps']} all_reduce calls of {mib:g} MiB on {n} ranks; each rank "
+             f"sends 2(n-1)/n x {mib:g} MiB = {2 * (n - 1) / n * mib:g} MiB per call",
+             f"expected across the cable, each direction: {expected:,} bytes "
+             f"({expected / 2**20:.2f} MiB)"]
+    if hosts.mode != "namespaces":
+        return "\n".join(lines + ["measured: nothing to count, both nodes shared this machine's "
+                                   "loopback (run as root to get namespaces and a veth pair)"])
+    for what, key in (("node 0 -> node 1", "tx_bytes"), ("node 1 -> node 0", "rx_bytes")):
+        got = after[key] - before[key]
+        lines.append(f"measured {what}: {got:,} bytes ({got / 2**20:.2f} MiB), "
+                     f"{got / expected - 1:+.1%} over the payload")
+    packets = after["tx_packets"] - before["tx_packets"]
+    lines.append(f"(the extra: TCP/IP headers of {packets} packets, acknowledgements, "
+                 "the rendezvous and gloo's connection set-up)")
+    return "\n".join(lines)
+
+
+def interfaces_used(records: list[dict]) -> str:
+    """Which interface each node's ranks were told to use (GLOO_SOCKET_IFNAME)."""
+    by_node: dict[int, set[str]] = {}
+    for r in records:
+        by_node.setdefault(r["group_rank"], set()).add(r["ifname"] or "(unset: gloo's own choice)")
+    return "\n".join(f"node {node}: GLOO_SOCKET_IFNAME={', '.join(sorted(names))}"
+                     for node, names in sorted(by_node.items()))
+
+
+def node_commands(script: str, *, nnodes: int, nproc: int, endpoint: str, rdzv_id: str,
+                  log_dir: str, ifname: str) -> str:
+    """The `labutils launch` command each machine runs for one job, with its environment.
+
+    Args:
+        script: the training script, at the same path on every machine.
+        nnodes: machines; each runs the same command with its own --node-rank.
+        nproc: ranks per machine.
+        endpoint: HOST:PORT of node 0, reachable from every machine.
+        rdzv_id: the job's name; the run folder is LOG_DIR/RDZV_ID.
+        log_dir: a folder every machine shares (NFS, Lustre, ...), so every node shows
+            every rank.
+        ifname: the network interface the ranks should use on every machine.
+    """
+    blocks = []
+    for node in range(nnodes):
+        words = ["labutils", "launch", "-n", str(nproc), "--nnodes", str(nnodes),
+                 "--node-rank", str(node), "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
+                 "--log-dir", log_dir, script]
+        blocks.append(f"# machine {node}\n"
+                      f"export GLOO_SOCKET_IFNAME={ifname} NCCL_SOCKET_IFNAME={ifname} "
+                      "NCCL_DEBUG=INFO\n" + shlex.join(words))
+    return "\n".join(blocks)
+
+
+def changed_lines(before: str, after: str) -> str:
+    """The lines of after that are not in before (what a variant of a generated file adds)."""
+    old = set(before.splitlines())
+    return "\n".join(line for line in after.splitlines() if line not in old)
+
+
+def compose_node_services() -> str:
+    """docker/compose.yaml's node0 and node1 services as written in the file, and the words
+    in which their commands differ."""
+    import yaml
+
+    text = (REPO / "docker" / "compose.yaml").read_text()
+    services = yaml.safe_load(text)["services"]
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "node0:")
+    end = next(i for i, line in enumerate(lines) if line.startswith("volumes:"))
+    shown = "\n".join(lines[start:end]).rstrip()
+    a, b = services["node0"]["command"], services["node1"]["command"]
+    if len(a) != len(b):
+        return f"{shown}\n\nnode0 and node1 commands differ in length"
+    diff = [f"word {i}: {x!r} / {y!r}" for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return f"{shown}\n\nnode0 and node1 commands differ only in: {'; '.join(diff)}"
+
+
 # The self-check: question -> (expected answer, hint shown for a wrong answer).
 EXPECTED = {
     "q1_prefix": ("module.", "print(list(ddp.state_dict())[:1])"),
@@ -152,6 +273,9 @@ EXPECTED = {
     "q3_weak_efficiency": (0.8, "T1 / Tn with T1 = 48 ms, T2 = 60 ms"),
     "q4_who_calls_forward": ("b", "the buffer broadcast in DDP's forward is a collective"),
     "q5_before_clip": ("c", "clip must measure the gradients the optimizer will use"),
+    "q6_global_rank": ("9", "RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK"),
+    "q7_interface_variable": ("gloo_socket_ifname", "gloo offered its peers a loopback address; "
+                              "which variable names the interface it should use?"),
 }
 
 
