@@ -35,8 +35,10 @@ JOB = textwrap.dedent(f"""
     import torch.distributed as dist
     from labutils.dist import init, report
 
-    rank, world, _ = init()
     mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    if mode == "early" and int(os.environ["GROUP_RANK"]) == 1:
+        raise ConnectionError("node 1 cannot reach node 0")  # before init_process_group
+    rank, world, _ = init()
     t = torch.full(({PAYLOAD},), float(rank))
     for step in range({STEPS}):
         if step == 1 and rank == 3 and mode == "fail":
@@ -125,6 +127,16 @@ def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
     assert 3 not in result.failure.victims
     assert set(result.failure.victims) <= {0, 1, 2}
     assert result.exit_status == 1
+    assert not _leftovers(result.log_dir)
+
+
+def test_other_node_failing_before_init_is_a_failure_not_a_hang(hosts, job, tmp_path):
+    result = launch_two_nodes(job, 2, hosts=hosts, args=["early"], log_dir=tmp_path / "runs",
+                              display="none", hang_timeout=60, timeout=120)
+    assert result.reason == "failed", result.headline()
+    assert result.failure.rank in (2, 3)
+    assert result.failure.exc_type == "ConnectionError"
+    assert result.duration_s < 60  # not left waiting for a hang_timeout or gloo's timeout
     assert not _leftovers(result.log_dir)
 
 

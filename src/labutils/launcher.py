@@ -237,6 +237,9 @@ class Launch:
             if self.spec.multinode and self._stopped_elsewhere():
                 self.reason = "stopped"
                 return
+            if self.shared and self._failed_elsewhere():
+                self.reason = "failed"
+                return
             if spec.timeout is not None and now - self.t0 >= spec.timeout:
                 self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
                 self.reason = "timeout"
@@ -311,6 +314,21 @@ class Launch:
         if not self.remote_nodes:
             return True
         return _node_order(self.token) <= min(map(_node_order, self.remote_nodes))
+
+    def _failed_elsewhere(self) -> bool:
+        """Another node is done and some of its ranks failed: this node's ranks would
+        only wait for peers that are gone (in init_process_group, or in a collective
+        until gloo's timeout), so the job has failed; stop them."""
+        for token in sorted(self.remote_nodes):
+            if not self._node_done(token):
+                continue
+            failed = [r.rank for r in self.ranks if r.node == token and r.attempt == self.attempt
+                      and (self.attempt in r.exceptions or r.exit_code != 0)]
+            if failed:
+                self.display.note(f"{token} has ended and its rank(s) {_ranks_text(failed)} "
+                                  "failed: stopping the ranks still waiting for them")
+                return True
+        return False
 
     def _renew_lease(self, now: float) -> None:
         """Only a launcher that follows a job it submitted holds a lease."""
