@@ -57,6 +57,7 @@ EXIT_BARRIER_GRACE_S = 2.0
 # its lease for this long: that launcher, or the kernel it ran in, was killed.
 LEASE_RENEW_S = 1.0
 LEASE_STALE_S = 30.0
+ENV_LEASE_STALE_S = "LABUTILS_LEASE_STALE_S"  # overrides LEASE_STALE_S on the nodes
 _AGENT_FAILURE_RE = re.compile(
     r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
 )
@@ -339,7 +340,11 @@ class Launch:
             age = time.time() - runfiles.lease_path(self.run_dir).stat().st_mtime
         except OSError:
             return False
-        if age < LEASE_STALE_S:
+        try:
+            stale_after = float(os.environ.get(ENV_LEASE_STALE_S, LEASE_STALE_S))
+        except ValueError:
+            stale_after = LEASE_STALE_S
+        if age < stale_after:
             return False
         self.display.note(f"the launcher that submitted this job has not been heard from for "
                           f"{age:.0f} s (its lease): ending the job")
