@@ -267,3 +267,21 @@ def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("labutils launch: node_rank")
+
+
+def test_without_root_both_nodes_run_on_loopback_and_say_why(job, tmp_path, monkeypatch, capsys):
+    """What a learner without root gets: the same job, both nodes on this machine."""
+    import labutils.network as network
+
+    monkeypatch.setattr(network.os, "geteuid", lambda: 1000)
+    with virtual_hosts() as hosts:
+        assert hosts.mode == "loopback"
+        assert "need root" in hosts.reason
+        assert hosts.counters(0) == {}
+        result = launch_two_nodes(job, 1, hosts=hosts, log_dir=tmp_path / "runs",
+                                  display="text", hang_timeout=30, timeout=120)
+    shown = capsys.readouterr().out
+    assert result.ok, result
+    assert [r.rank for r in result.ranks] == [0, 1]
+    assert "both nodes on this machine: network namespaces need root" in shown
+    assert not _leftovers(result.log_dir)
