@@ -285,3 +285,24 @@ def test_without_root_both_nodes_run_on_loopback_and_say_why(job, tmp_path, monk
     assert [r.rank for r in result.ranks] == [0, 1]
     assert "both nodes on this machine: network namespaces need root" in shown
     assert not _leftovers(result.log_dir)
+
+
+def test_node_1_that_cannot_start_ends_the_job_at_once(job, tmp_path):
+    """Node 1's launcher fails before its ranks start (here: its namespace is missing):
+    node 0 must not wait at the rendezvous; it stops and says why."""
+    from labutils.network import VirtualHosts
+
+    gone = VirtualHosts(mode="namespaces", namespace="labutils-no-such-namespace",
+                        addresses=["127.0.0.1", "127.0.0.1"], interfaces=[None, None])
+    lines = []
+
+    class Notes(Display):
+        def note(self, text):
+            lines.append(text)
+
+    result = launch_two_nodes(job, 2, hosts=gone, log_dir=tmp_path / "runs", display=Notes(),
+                              hang_timeout=30, timeout=120)
+    assert result.reason == "stopped"
+    assert result.duration_s < 20
+    assert any("node1's launcher ended the job (it exited with status" in ln for ln in lines), lines
+    assert not _leftovers(result.log_dir)

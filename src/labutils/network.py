@@ -262,6 +262,10 @@ def launch_two_nodes(script, nproc: int = 2, *, hosts: VirtualHosts | None = Non
             hosts.command(1, argv), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **(env or {}), runfiles.ENV_DIE_WITH: str(os.getpid())})
+        import threading
+
+        threading.Thread(target=_watch_node, args=(node1, job.run_dir, "node1"),
+                         name="labutils-node1", daemon=True).start()
         try:
             return job.run()
         finally:
@@ -274,3 +278,27 @@ def launch_two_nodes(script, nproc: int = 2, *, hosts: VirtualHosts | None = Non
     finally:
         if own:
             hosts.close()
+
+
+def _watch_node(proc: subprocess.Popen, run_dir: Path, token: str) -> None:
+    """A node's launcher that ends before its agent ever ran (bad input, no namespace,
+    a crash) would leave node 0 waiting at the rendezvous: end the job (stop.json)
+    and say where node 1's output is."""
+    import json
+
+    from labutils import runfiles
+
+    code = proc.wait()
+    if runfiles.node_done_path(run_dir, token).exists() or runfiles.stop_path(run_dir).exists():
+        return  # it ran: the launchers' own files tell node 0 how it ended
+    tail = ""
+    try:
+        lines = (run_dir / f"{token}.out").read_text(errors="replace").strip().splitlines()
+        tail = f": {lines[-1].strip()}" if lines else ""
+    except OSError:
+        pass
+    path = runfiles.stop_path(run_dir)
+    tmp = path.with_suffix(f".{os.getpid()}.watch.tmp")
+    tmp.write_text(json.dumps({"by": f"{token}'s launcher", "reason": f"it exited with status "
+                               f"{code} before its ranks started{tail}"}))
+    os.replace(tmp, path)
