@@ -306,3 +306,19 @@ def test_node_1_that_cannot_start_ends_the_job_at_once(job, tmp_path):
     assert result.duration_s < 20
     assert any("node1's launcher ended the job (it exited with status" in ln for ln in lines), lines
     assert not _leftovers(result.log_dir)
+
+
+def test_a_lone_node_says_it_waits_for_the_others(job, tmp_path, monkeypatch, capsys):
+    import labutils.launcher as launcher
+
+    monkeypatch.setattr(launcher, "WAIT_NOTE_S", 1.0)
+    from labutils._proc import free_port
+
+    result = launcher.launch(job, 1, nnodes=2, node_rank=0, rdzv_id="lonely",
+                             rdzv_endpoint=f"127.0.0.1:{free_port()}", log_dir=tmp_path,
+                             display="text", timeout=4)
+    shown = capsys.readouterr().out
+    assert result.reason == "timeout"
+    assert "node 0 of 2: rank 0 here" in shown
+    assert "the job waits until all 2 nodes have joined" in shown
+    assert not _leftovers(result.log_dir)

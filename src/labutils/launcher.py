@@ -55,6 +55,7 @@ AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvou
 EXIT_BARRIER_GRACE_S = 2.0
 # A job's nodes end it when the launcher following it (scheduler="slurm") has not renewed
 # its lease for this long: that launcher, or the kernel it ran in, was killed.
+WAIT_NOTE_S = 15.0  # a multi-node job with no rank yet: when to say it waits for nodes
 LEASE_RENEW_S = 1.0
 LEASE_STALE_S = 30.0
 ENV_LEASE_STALE_S = "LABUTILS_LEASE_STALE_S"  # overrides LEASE_STALE_S on the nodes
@@ -254,6 +255,7 @@ class Launch:
             if now - last_tick >= TICK_S:
                 self.display.tick()
                 self._renew_lease(now)
+                self._note_waiting_for_nodes(now)
                 last_tick = now
             time.sleep(POLL_S)
 
@@ -315,6 +317,17 @@ class Launch:
         if not self.remote_nodes:
             return True
         return _node_order(self.token) <= min(map(_node_order, self.remote_nodes))
+
+    def _note_waiting_for_nodes(self, now: float) -> None:
+        """Say once, after WAIT_NOTE_S without a rank, that the job waits for its nodes."""
+        if not self.spec.multinode or self.current or getattr(self, "_wait_noted", False) \
+                or now - self.t0 < WAIT_NOTE_S:
+            return
+        self._wait_noted = True
+        self.display.note(
+            f"no rank has started after {now - self.t0:.0f} s: the job waits until all "
+            f"{self.spec.nnodes} nodes have joined at {self.spec.rdzv_endpoint} (start the "
+            "same launch on every machine, each with its own node rank)")
 
     def _failed_elsewhere(self) -> bool:
         """Another node is done and some of its ranks failed: this node's ranks would
@@ -816,7 +829,8 @@ def _node_order(token: str) -> tuple:
 def _multinode_line(spec: LaunchSpec) -> str:
     if spec.node_rank is not None:
         first = spec.node_rank * spec.nproc
-        return (f"node {spec.node_rank} of {spec.nnodes}: ranks {first}..{first + spec.nproc - 1} "
+        here = f"rank {first}" if spec.nproc == 1 else f"ranks {first}..{first + spec.nproc - 1}"
+        return (f"node {spec.node_rank} of {spec.nnodes}: {here} "
                 f"here, rendezvous at {spec.rdzv_endpoint} (job {spec.rdzv_id}); ranks of "
                 "other nodes show up here when they share this run folder")
     return (f"one node of {spec.nnodes} joining the c10d rendezvous at {spec.rdzv_endpoint} "
