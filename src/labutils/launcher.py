@@ -131,6 +131,7 @@ class Launch:
         self.remote_nodes: set[str] = set()  # tokens of other machines' launchers seen
         self.stop_seen = False
         self.notes: list[str] = []  # lines for the display once the run starts
+        self._wait_noted = False  # said that a multi-node job waits for its nodes
         # Ranks may run where this launcher cannot signal them (other machines' nodes).
         self.shared = spec.multinode
 
@@ -320,7 +321,7 @@ class Launch:
 
     def _note_waiting_for_nodes(self, now: float) -> None:
         """Say once, after WAIT_NOTE_S without a rank, that the job waits for its nodes."""
-        if not self.spec.multinode or self.current or getattr(self, "_wait_noted", False) \
+        if not self.spec.multinode or self.current or self._wait_noted \
                 or now - self.t0 < WAIT_NOTE_S:
             return
         self._wait_noted = True
@@ -715,11 +716,9 @@ class SlurmLaunch(Launch):
         self.job = None
         self.job_state: str | None = None
         self._state_at = 0.0
-        self._cancelled = False
+        self._lease_at = 0.0
 
     def _node_command(self, node):
-        from labutils.slurm import ShellRef
-
         spec = self.spec
         words = [node.python, "-m", "labutils.cli", "launch", "-n", str(spec.nproc),
                  "--nnodes", node.nnodes, "--node-rank", node.node_rank,
@@ -733,14 +732,13 @@ class SlurmLaunch(Launch):
         fault = spec.fault
         if fault is not None:
             words += ["--kill-rank", str(fault["rank"]), "--kill-at-step", str(fault["step"])]
-        assert all(isinstance(w, (str, ShellRef)) for w in words)
         return [*words, node.script, "--", *node.args]
 
     def _make_agents(self, port: int, run_id: str) -> list[_Agent]:
         return []  # the job's nodes start theirs
 
     def _renew_lease(self, now: float) -> None:
-        if now - getattr(self, "_lease_at", 0.0) >= LEASE_RENEW_S:
+        if now - self._lease_at >= LEASE_RENEW_S:
             self._lease_at = now
             runfiles.lease_path(self.run_dir).touch()
 
@@ -793,20 +791,19 @@ class SlurmLaunch(Launch):
                 "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             self.display.note(f"cancelling SLURM job {self.job.job_id} (scancel)")
             self.job_state = self.job.cancel(wait=True)
-            self._cancelled = True
         self._poll(final=True)
         for r in self.ranks:
             r.output.close()
             r.events.close()
 
     def _result(self) -> RunResult:
-        if self.reason == "ok" and self.job is not None:
-            code = self.job.exit_code()
-            if self.job_state != "COMPLETED" or code not in (0, None):
-                self.reason = "failed"
+        code = self.job.exit_code() if self.job is not None else None
+        if self.reason == "ok" and self.job is not None and (
+                self.job_state != "COMPLETED" or code not in (0, None)):
+            self.reason = "failed"
         result = super()._result()
         result.command = self.command
-        result.agent_exit_code = self.job.exit_code() if self.job is not None else None
+        result.agent_exit_code = code
         return result
 
 
