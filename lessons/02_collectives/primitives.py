@@ -123,12 +123,17 @@ work.wait()                               # after wait() the result is in t
 record("all_reduce(async_op=True) + wait()", before, t)
 
 # barrier: rank r arrives r*0.2 s late; everyone leaves when the last one arrives.
+# All times are read on one clock: the wall clock of this host, from rank 0's start.
+# (Each rank's own start would not do: the first barrier releases the ranks a few
+# milliseconds apart, enough to make a rank seem to leave before the last one arrived.)
 dist.barrier()
-start = time.perf_counter()
+start = torch.tensor([time.time()], dtype=torch.float64)
+dist.broadcast(start, src=0)
+start = start.item()
 time.sleep(0.2 * rank)
-arrived = time.perf_counter() - start
+arrived = time.time() - start
 dist.barrier()
-left = time.perf_counter() - start
+left = time.time() - start
 report(op="barrier", arrived_s=round(arrived, 3), left_s=round(left, 3))
 
 dist.destroy_process_group()
