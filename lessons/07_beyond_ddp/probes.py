@@ -7,7 +7,10 @@ activations saved for backward, and the collectives a rank issues.
     with meter:
         loss = loss_fn(model(x), y)            # meter.by_part: {part: bytes}
     with CollectiveLog(["all_gather_single", "reduce_scatter_single"]) as log:
-        log.phase = "forward"; ...             # log.calls: one Call per collective
+        log.phase = "forward"; ...             # log.calls: one CollectiveCall per collective
+
+CollectiveLog is labutils.ddp_probes.CollectiveLog (lesson 03 counts PowerSGD's
+all-reduces with the same helper), re-exported here for the rank scripts.
 
 "Measured" here means: the bytes of the tensors that exist (distinct storages, so
 views and shared buffers count once), not a formula. CPU has no allocator counter
@@ -17,12 +20,12 @@ like torch.cuda.memory_allocated; on GPUs compare with it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from labutils.ddp_probes import CollectiveCall, CollectiveLog  # noqa: F401  (re-exported)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -109,77 +112,3 @@ class SavedActivations:
         self._hooks.__exit__(*exc)
         for h in self._handles:
             h.remove()
-
-
-@dataclass
-class Call:
-    """One collective issued by this rank: which, how many bytes of data, in which phase.
-
-    nbytes is the whole array: the gathered output of an all-gather, the input of a
-    reduce-scatter, the tensor of an all-reduce, broadcast, send or recv (as nccl-tests
-    and lesson 02 count). peer is the source of a broadcast or recv, the destination
-    of a send (None otherwise).
-    """
-
-    op: str
-    nbytes: int
-    phase: str
-    peer: int | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-_DATA_ARG = {  # which positional argument holds "the whole array"
-    "all_gather_single": 0, "all_gather_into_tensor": 0, "reduce_scatter_single": 1,
-    "reduce_scatter_tensor": 1, "all_reduce": 0, "broadcast": 0,
-    "send": 0, "recv": 0, "isend": 0, "irecv": 0,
-}
-_DATA_KW = {"reduce_scatter_single": "input", "reduce_scatter_tensor": "input"}
-_PEER_KW = {"broadcast": "src", "recv": "src", "irecv": "src", "send": "dst", "isend": "dst"}
-
-
-class CollectiveLog:
-    """Records the torch.distributed calls named in `ops` made from Python in the block.
-
-    It wraps the functions of the torch.distributed module, so it sees what FSDP2,
-    ZeroRedundancyOptimizer and your own code call through it; DDP's all-reduces run
-    in C++ and are not seen (count those with labutils.ddp_probes.BucketRecorder).
-    Set .phase to label the calls that follow ("forward", "backward", "step").
-    """
-
-    def __init__(self, ops: Sequence[str]) -> None:
-        unknown = sorted(set(ops) - set(_DATA_ARG))
-        if unknown:
-            raise ValueError(f"CollectiveLog: unknown ops {unknown}; expected some of {sorted(_DATA_ARG)}")
-        self.ops = list(ops)
-        self.calls: list[Call] = []
-        self.phase = ""
-        self._real: dict = {}
-
-    def _wrap(self, op: str):
-        real = self._real[op]
-
-        def recorded(*args, **kwargs):
-            data = kwargs.get(_DATA_KW.get(op, "tensor"))
-            if data is None:
-                data = args[_DATA_ARG[op]] if len(args) > _DATA_ARG[op] else next(
-                    v for v in kwargs.values() if torch.is_tensor(v))
-            peer = kwargs.get(_PEER_KW[op]) if op in _PEER_KW else None
-            if peer is None and op in _PEER_KW and len(args) > 1:
-                peer = args[1]
-            self.calls.append(Call(op, data.numel() * data.element_size(), self.phase, peer))
-            return real(*args, **kwargs)
-
-        return recorded
-
-    def __enter__(self) -> "CollectiveLog":
-        for op in self.ops:
-            self._real[op] = getattr(dist, op)
-            setattr(dist, op, self._wrap(op))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for op, real in self._real.items():
-            setattr(dist, op, real)
-        self._real.clear()
