@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from labutils import launch
 
@@ -59,29 +58,11 @@ def test_saved_activations_of_a_block_are_16_values_per_token_and_width(probes):
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # hooks removed
 
 
-def test_collective_log_records_ops_phases_and_peers(probes, monkeypatch):
-    seen = []
-    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *a, **k: seen.append(("all_reduce", tensor.numel())))
-    monkeypatch.setattr(dist, "broadcast", lambda tensor, src, *a, **k: seen.append(("broadcast", src)))
-    monkeypatch.setattr(dist, "reduce_scatter_single",
-                        lambda output, input, *a, **k: seen.append(("reduce_scatter", input.numel())))
-    with probes.CollectiveLog(["all_reduce", "broadcast", "reduce_scatter_single"]) as log:
-        log.phase = "forward"
-        dist.all_reduce(torch.zeros(8))
-        log.phase = "step"
-        dist.broadcast(torch.zeros(2, 3), src=1)
-        dist.reduce_scatter_single(output=torch.zeros(4), input=torch.zeros(8))
-    assert [(c.op, c.nbytes, c.phase, c.peer) for c in log.calls] == [
-        ("all_reduce", 32, "forward", None), ("broadcast", 24, "step", 1),
-        ("reduce_scatter_single", 32, "step", None)]
-    assert seen == [("all_reduce", 8), ("broadcast", 1), ("reduce_scatter", 8)]  # the real calls still ran
-    dist.all_reduce(torch.zeros(1))
-    assert len(log.calls) == 3  # unwrapped after the block
+def test_rank_scripts_use_the_labutils_collective_log(probes):
+    from labutils import ddp_probes
 
-
-def test_collective_log_rejects_unknown_ops(probes):
-    with pytest.raises(ValueError, match="unknown ops"):
-        probes.CollectiveLog(["all_reduce", "allreduce"])
+    # one recorder for lesson 03 and lesson 07: tested in tests/test_collective_log.py
+    assert probes.CollectiveLog is ddp_probes.CollectiveLog
 
 
 # ------------------------------------------------------------------ lesson07.py
