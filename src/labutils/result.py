@@ -85,6 +85,7 @@ class RunResult:
     command: list[str] = field(default_factory=list)  # agent 0's torchrun command
     agent_exit_code: int | None = None
     commands: list[list[str]] = field(default_factory=list)  # every agent's command
+    cluster: dict | None = None  # the virtual cluster it ran on (labutils.cluster), if any
 
     @property
     def restarts(self) -> int:
@@ -119,6 +120,7 @@ class RunResult:
             "hang": self.hang.to_json() if self.hang else None,
             "attempts": self.attempts,
             "records": self.records,
+            **({"cluster": self.cluster} if self.cluster else {}),
         }
 
     def write_json(self, path: str | os.PathLike) -> None:
