@@ -1,9 +1,9 @@
 """A job across machines: two nodes of two ranks each, one launch() per node.
 
-Each node lives in its own network namespace on this machine (node 0 in the test's,
-node 1 in a new one, joined by a veth pair with an address at each end), so every
-byte between the nodes crosses the pair, as between two hosts on one cable. Where
-namespaces cannot be made (not root, no `ip`), the same tests run both nodes on
+Each node is a host of a virtual cluster (labutils.cluster): node 0 in the test's own
+network namespace, node 1 in a namespace of its own, each with a link into one bridge,
+so every byte between the nodes crosses both links, as between two hosts on a switch.
+Where namespaces cannot be made (not root, no `ip`), the same tests run both nodes on
 loopback and say why.
 """
 
@@ -22,7 +22,8 @@ from labutils.cli import build_parser, launch_kwargs
 from labutils.config import make_spec, torchrun_command
 from labutils.display import Display
 from labutils.errors import LaunchConfigError
-from labutils.network import interface_env, launch_two_nodes, route_interface, virtual_hosts
+from labutils.cluster import VirtualCluster, virtual_cluster
+from labutils.network import interface_env, route_interface
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -56,7 +57,7 @@ JOB = textwrap.dedent(f"""
 
 @pytest.fixture(scope="module")
 def hosts():
-    with virtual_hosts() as h:
+    with virtual_cluster(2) as h:
         if h.mode != "namespaces":
             warnings.warn(f"2-node tests run on loopback: {h.reason}", stacklevel=1)
         print(f"\n2-node tests: {h.mode}" + (f" ({h.reason})" if h.reason else
@@ -85,7 +86,7 @@ def _leftovers(run_dir) -> list[psutil.Process]:
 
 def test_two_nodes_one_display_global_ranks(hosts, job, tmp_path, capsys):
     before = hosts.counters(0)
-    result = launch_two_nodes(job, 2, hosts=hosts, log_dir=tmp_path / "runs", display="text",
+    result = hosts.launch(job, 2, log_dir=tmp_path / "runs", display="text",
                               hang_timeout=30, timeout=120)
     shown = capsys.readouterr().out
     assert result.ok, result
@@ -111,14 +112,15 @@ def test_two_nodes_one_display_global_ranks(hosts, job, tmp_path, capsys):
         crossed = after["tx_bytes"] - before["tx_bytes"]
         assert crossed >= STEPS * PAYLOAD * 4, (crossed, after, before)
         assert after["rx_bytes"] - before["rx_bytes"] >= STEPS * PAYLOAD * 4
-        assert "node 1 runs in network namespace" in shown
+        assert "virtual cluster: 2 hosts in network namespaces on a bridge" in shown
+        assert result.cluster == {"hosts": 2, "mode": "namespaces", "reason": "", "link": None}
     else:
-        assert "both nodes on this machine" in shown
+        assert "on this machine's loopback" in shown
     assert not _leftovers(result.log_dir)
 
 
 def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
-    result = launch_two_nodes(job, 2, hosts=hosts, args=["fail"], log_dir=tmp_path / "runs",
+    result = hosts.launch(job, 2, args=["fail"], log_dir=tmp_path / "runs",
                               display="none", hang_timeout=30, timeout=120)
     assert not result.ok
     assert result.failure is not None
@@ -131,7 +133,7 @@ def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
 
 
 def test_other_node_failing_before_init_is_a_failure_not_a_hang(hosts, job, tmp_path):
-    result = launch_two_nodes(job, 2, hosts=hosts, args=["early"], log_dir=tmp_path / "runs",
+    result = hosts.launch(job, 2, args=["early"], log_dir=tmp_path / "runs",
                               display="none", hang_timeout=60, timeout=120)
     assert result.reason == "failed", result.headline()
     assert result.failure.rank in (2, 3)
@@ -141,7 +143,7 @@ def test_other_node_failing_before_init_is_a_failure_not_a_hang(hosts, job, tmp_
 
 
 def test_hang_on_the_other_node_reads_its_stack(hosts, job, tmp_path):
-    result = launch_two_nodes(job, 2, hosts=hosts, args=["hang"], log_dir=tmp_path / "runs",
+    result = hosts.launch(job, 2, args=["hang"], log_dir=tmp_path / "runs",
                               display="none", hang_timeout=4, timeout=120)
     assert result.reason == "hang"
     assert result.hang is not None
@@ -164,7 +166,7 @@ class _StopAfterFirstRecord(Display):
 
 
 def test_stop_on_node_0_stops_node_1(hosts, job, tmp_path):
-    result = launch_two_nodes(job, 2, hosts=hosts, args=["slow"], log_dir=tmp_path / "runs",
+    result = hosts.launch(job, 2, args=["slow"], log_dir=tmp_path / "runs",
                               display=_StopAfterFirstRecord(), hang_timeout=30, timeout=120)
     assert result.reason == "stopped"
     node1 = json.loads(runfiles.node_summary_path(result.log_dir, "node1").read_text())
@@ -238,14 +240,15 @@ def test_interface_for_the_endpoint():
     assert chosen == {} and "as given" in line
 
 
-def test_virtual_hosts_interfaces(hosts):
+def test_virtual_cluster_interfaces(hosts):
     if hosts.mode != "namespaces":
         pytest.skip(hosts.reason)
     chosen, line = interface_env(f"{hosts.addresses[0]}:1", {})
     assert chosen == {"GLOO_SOCKET_IFNAME": hosts.interfaces[0],
                       "NCCL_SOCKET_IFNAME": hosts.interfaces[0]}
     assert hosts.interfaces[0] in line
-    assert hosts.command(1, ["true"])[:4] == ["ip", "netns", "exec", hosts.namespace]
+    assert hosts.command(1, ["true"])[:4] == ["ip", "netns", "exec", hosts.namespaces[1]]
+    assert hosts.command(0, ["true"]) == ["true"]
 
 
 def test_cli_node_flags(job):
@@ -271,36 +274,35 @@ def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
 
 def test_without_root_both_nodes_run_on_loopback_and_say_why(job, tmp_path, monkeypatch, capsys):
     """What a learner without root gets: the same job, both nodes on this machine."""
-    import labutils.network as network
+    import labutils.cluster as cluster
 
-    monkeypatch.setattr(network.os, "geteuid", lambda: 1000)
-    with virtual_hosts() as hosts:
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    with virtual_cluster(2) as hosts:
         assert hosts.mode == "loopback"
         assert "need root" in hosts.reason
         assert hosts.counters(0) == {}
-        result = launch_two_nodes(job, 1, hosts=hosts, log_dir=tmp_path / "runs",
+        result = hosts.launch(job, 1, log_dir=tmp_path / "runs",
                                   display="text", hang_timeout=30, timeout=120)
     shown = capsys.readouterr().out
     assert result.ok, result
     assert [r.rank for r in result.ranks] == [0, 1]
-    assert "both nodes on this machine: network namespaces need root" in shown
+    assert "on this machine's loopback, links not shaped: network namespaces need root" in shown
+    assert result.cluster["mode"] == "loopback"
     assert not _leftovers(result.log_dir)
 
 
 def test_node_1_that_cannot_start_ends_the_job_at_once(job, tmp_path):
     """Node 1's launcher fails before its ranks start (here: its namespace is missing):
     node 0 must not wait at the rendezvous; it stops and says why."""
-    from labutils.network import VirtualHosts
-
-    gone = VirtualHosts(mode="namespaces", namespace="labutils-no-such-namespace",
-                        addresses=["127.0.0.1", "127.0.0.1"], interfaces=[None, None])
+    gone = VirtualCluster(hosts=2, mode="namespaces", namespaces=[None, "labutils-no-such-namespace"],
+                          addresses=["127.0.0.1", "127.0.0.1"], interfaces=[None, None])
     lines = []
 
     class Notes(Display):
         def note(self, text):
             lines.append(text)
 
-    result = launch_two_nodes(job, 2, hosts=gone, log_dir=tmp_path / "runs", display=Notes(),
+    result = gone.launch(job, 2, log_dir=tmp_path / "runs", display=Notes(),
                               hang_timeout=30, timeout=120)
     assert result.reason == "stopped"
     assert result.duration_s < 20
