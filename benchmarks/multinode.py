@@ -1,23 +1,23 @@
-"""A 2-node job on two virtual hosts: launch_two_nodes() next to bare torchrun, in one run.
+"""A 2-node job on two virtual hosts: VirtualCluster.launch() next to bare torchrun, in one run.
 
     .venv/bin/python benchmarks/multinode.py [--repeats N] [--mib M] [--json FILE]
 
 Both sides run the same plain torch.distributed script (4 ranks: 2 nodes x 2, each
 all-reducing an M MiB float32 tensor 5 times) on the same two "machines":
-node 0 in this process's network namespace, node 1 in a namespace of its own, joined
-by a veth pair (labutils.network.virtual_hosts; needs root, else both nodes run on
-loopback and the table says so).
+node 0 in this process's network namespace, node 1 in a namespace of its own, each
+with an uncapped link into one bridge (labutils.cluster.virtual_cluster(2); needs root,
+else both nodes run on loopback and the table says so).
 
 - bare: ``python -m torch.distributed.run --nnodes 2 --node-rank K --rdzv-backend
   static --rdzv-endpoint ADDR0:PORT`` started for each node (node 1 through
-  ``ip netns exec``), with GLOO_SOCKET_IFNAME set by hand to each node's end of the
-  pair, as one would on real machines;
-- labutils: launch_two_nodes(), node 0 through launch() in this process, node 1
+  ``ip netns exec``), with GLOO_SOCKET_IFNAME set by hand to each node's end of its
+  link, as one would on real machines;
+- labutils: cluster.launch(), node 0 through launch() in this process, node 1
   through `labutils launch` in its namespace, every rank's output followed from the
   shared run folder.
 
 Runs alternate (labutils, bare, labutils, bare...). Figures: wall time per job (median,
-min-max) and the bytes that crossed the pair per job, which must be the same on both
+min-max) and the bytes that crossed node 0's link per job, which must be the same on both
 sides: the launcher adds files, not traffic. Exit status 1 when a job failed.
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from labutils._proc import free_port
-from labutils.network import launch_two_nodes, virtual_hosts
+from labutils.cluster import virtual_cluster
 
 JOB = """\
 import torch
@@ -76,11 +76,11 @@ def bare(hosts, script: Path, workdir: Path) -> float:
 
 def labutils_side(hosts, script: Path, workdir: Path) -> float:
     t0 = time.monotonic()
-    result = launch_two_nodes(script, 2, hosts=hosts, log_dir=workdir / "runs", display="none",
-                              hang_timeout=60, timeout=300)
+    result = hosts.launch(script, 2, log_dir=workdir / "runs", display="none",
+                          hang_timeout=60, timeout=300)
     elapsed = time.monotonic() - t0
     if not result.ok:
-        raise SystemExit(f"launch_two_nodes failed: {result.headline()}")
+        raise SystemExit(f"cluster.launch failed: {result.headline()}")
     return elapsed
 
 
@@ -92,7 +92,7 @@ def main() -> int:
     ns = parser.parse_args()
     samples = {"labutils": [], "bare": []}
     crossed = {"labutils": [], "bare": []}
-    with tempfile.TemporaryDirectory() as tmp, virtual_hosts() as hosts:
+    with tempfile.TemporaryDirectory() as tmp, virtual_cluster(2) as hosts:
         work = Path(tmp)
         script = work / "job.py"
         script.write_text(JOB.format(numel=ns.mib * 2**20 // 4))
@@ -107,11 +107,11 @@ def main() -> int:
                 samples[side].append(run(hosts, script, work))
                 crossed[side].append(hosts.counters(0).get("tx_bytes", 0) - before)
                 print(f"{side} {i + 1}/{ns.repeats}: {samples[side][-1]:.2f} s, "
-                      f"{crossed[side][-1] / 2**20:.1f} MiB sent over the pair", file=sys.stderr)
+                      f"{crossed[side][-1] / 2**20:.1f} MiB sent over node 0's link", file=sys.stderr)
         mode = hosts.mode
     med = {k: statistics.median(v) for k, v in samples.items()}
     print(f"2 nodes x 2 ranks on virtual hosts ({mode}), 5 all_reduce of {ns.mib} MiB")
-    print("| side | median s | min-max s | MiB node 0 sent over the pair (median) |")
+    print("| side | median s | min-max s | MiB node 0 sent over its link (median) |")
     print("| --- | --- | --- | --- |")
     for side in ("labutils", "bare"):
         v = samples[side]
