@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test setup system-deps benchmark clean
+.PHONY: lab test test-gpu setup system-deps benchmark clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The GPU tests alone (NCCL, nn.DataParallel, a notebook on CUDA); on a machine without
+# CUDA they are skipped with the reason. Needs a CUDA build of torch (PyPI's on Linux).
+test-gpu: setup
+	$(PY) -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS)
 
 benchmark: setup
 	$(PY) benchmarks/launcher.py
