@@ -127,7 +127,7 @@ record("all_reduce(async_op=True) + wait()", before, t)
 # (Each rank's own start would not do: the first barrier releases the ranks a few
 # milliseconds apart, enough to make a rank seem to leave before the last one arrived.)
 dist.barrier()
-start = torch.tensor([time.time()], dtype=torch.float64)
+start = torch.tensor([time.time()], dtype=torch.float64, device=device)  # NCCL sends GPU tensors only
 dist.broadcast(start, src=0)
 start = start.item()
 time.sleep(0.2 * rank)
