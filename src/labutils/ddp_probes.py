@@ -398,10 +398,11 @@ class CollectiveCall:
 _DATA_ARG = {
     "all_gather_single": 0, "all_gather_into_tensor": 0, "reduce_scatter_single": 1,
     "reduce_scatter_tensor": 1, "all_reduce": 0, "broadcast": 0,
-    "send": 0, "recv": 0, "isend": 0, "irecv": 0,
+    "send": 0, "recv": 0, "isend": 0, "irecv": 0, "all_to_all_single": 1,
 }
 _DATA_KW = {"reduce_scatter_single": "input", "reduce_scatter_tensor": "input",
-            "all_gather_single": "output_tensor", "all_gather_into_tensor": "output_tensor"}
+            "all_gather_single": "output_tensor", "all_gather_into_tensor": "output_tensor",
+            "all_to_all_single": "input"}
 _PEER_KW = {"broadcast": "src", "recv": "src", "irecv": "src", "send": "dst", "isend": "dst"}
 
 
