@@ -184,7 +184,45 @@ def test_bandwidth_helpers(lesson_modules):
     series = lesson02.bandwidth_series(records)
     assert list(series) == ["library", "ring"] and series["ring"][0] == [8, 1024, 2**20]
     table = lesson02.bandwidth_table(series, world_size=4, metric="busbw").splitlines()
-    assert table[0].split() == ["size", "floats", "library", "ring"] and len(table) == 5
+    assert table[0] == "busbw of one all_reduce on 4 ranks, MB/s"
+    assert table[1].split() == ["bytes", "floats", "library", "ring"] and len(table) == 6
+    # one unit per column: busbw = 1.5 * 2**20 bytes / (100 µs + 2**20 / beta), in MB/s
+    assert table[-1].split() == ["1048576", "262144", "2519", "1369"]
+    times = lesson02.bandwidth_table(series, world_size=4, metric="time").splitlines()
+    assert times[3].split() == ["8", "2", "0.100", "0.100"]  # 100 µs shown in ms
     fits = lesson02.fit_all(series)
     assert fits["ring"].beta_Bps == pytest.approx(1e9, rel=1e-6)
-    assert "1 MiB" in lesson02.fit_table(fits, series, world_size=4)
+    fit_lines = lesson02.fit_table(fits, series, world_size=4).splitlines()
+    assert "1 MiB" in fit_lines[0] and "beta (MB/s)" in fit_lines[1]
+    assert fit_lines[-1].split()[:3] == ["ring", "0.100", "1000"]
+    assert lesson02.busbw_ratio(series, "ring", "library", 2**20) == pytest.approx(
+        (1e-4 + 2**20 / 2e9) / (1e-4 + 2**20 / 1e9))
+
+
+def test_traffic_table_one_row_per_algorithm(lesson_modules):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    records = [{"rank": r, "traffic": "reduce+broadcast", "group_size": 3, "data_bytes": 400,
+                "sent": 800 if r == 0 else 400} for r in (2, 0, 1)]
+    rows = lesson02.traffic_table(records).splitlines()
+    assert len(rows) == 3
+    assert rows[2].split()[:8] == ["3", "reduce+broadcast", "2.000", "1.000", "1.000",
+                                   "2.000", "1.000", "1.000"]
+
+
+def test_wire_table_predicts_time_from_bytes_on_the_busiest_link(lesson_modules):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    size, link = 2**20, 50e6  # 1 MiB on a 50 MB/s link
+    records = [{"rank": 0, "algorithm": "ring", "nbytes": size, "seconds": 1.5 * size / link,
+                "link_sent": [1.5 * size] * 4, "link_received": [1.5 * size] * 4},
+               {"rank": 0, "algorithm": "reduce+broadcast", "nbytes": size,
+                "seconds": 3 * 6 * size / link,  # three times what the wire needs
+                "link_sent": [3 * size, size, size, size], "link_received": [3 * size] + [size] * 3}]
+    predicted = lesson02.wire_predictions(records, link_Bps=link, world_size=4)
+    assert predicted["ring"][0] == pytest.approx(1.5 * size / link)
+    assert predicted["reduce+broadcast"][0] == pytest.approx(6 * size / link)
+    table = lesson02.wire_table(records, link_Bps=link, world_size=4)
+    assert "3.000 1.000 1.000 1.000" in table
+    ring_row = next(line for line in table.splitlines() if line.startswith("ring"))
+    rb_row = next(line for line in table.splitlines() if line.startswith("reduce+broadcast"))
+    assert ring_row.split()[-2:] == ["1.00", "1.00"]  # measured / predicted, busbw / link
+    assert rb_row.split()[-2:] == ["3.00", "0.08"]

@@ -16,9 +16,7 @@ from pathlib import Path
 
 from labutils import selfcheck
 from labutils.tables import text_table
-from labutils.timing import (
-    algbw, busbw, fit_alpha_beta, format_bytes, format_rate, format_seconds,
-)
+from labutils.timing import algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes
 
 HERE = Path(__file__).parent
 
@@ -85,23 +83,31 @@ def correctness_table(records: Iterable[dict]) -> str:
 
 EXPECTED_SENT = {  # bytes a rank sends, as a multiple of the data size, on n ranks
     "ring": ("2(n-1)/n", lambda n, root: 2 * (n - 1) / n),
+    "pipelined ring": ("2(n-1)/n", lambda n, root: 2 * (n - 1) / n),
     "naive ring": ("n-1", lambda n, root: n - 1),
     "reduce+broadcast": ("n-1 at the root, 1 elsewhere", lambda n, root: n - 1 if root else 1),
 }
 
 
+def _ratios(values: Iterable[float]) -> str:
+    return " ".join(f"{v:.3f}" for v in values)
+
+
 def traffic_table(records: Iterable[dict]) -> str:
-    """Bytes each rank sent per algorithm and group size, against the formula."""
-    recs = sorted((r for r in records if "traffic" in r),
-                  key=lambda r: (r["group_size"], list(EXPECTED_SENT).index(r["traffic"]), r["rank"]))
+    """Bytes each rank sent per algorithm and group size, as a multiple of the data,
+    against the formula (one row per group size and algorithm, ranks 0, 1, ... in order)."""
+    recs = [r for r in records if "traffic" in r]
     rows = []
-    for r in recs:
-        n, data = r["group_size"], r["data_bytes"]
-        formula, factor = EXPECTED_SENT[r["traffic"]]
-        rows.append([n, r["traffic"], r["rank"], r["sent"], f"{r['sent'] / data:.3f}",
-                     f"{factor(n, r['rank'] == 0):.3f}", formula])
-    return text_table(["ranks", "algorithm", "rank", "bytes sent", "sent / data", "expected",
-                       "formula"], rows, right=[3, 4, 5])
+    for n in sorted({r["group_size"] for r in recs}):
+        for name, (formula, factor) in EXPECTED_SENT.items():
+            ranks = sorted((r for r in recs if r["group_size"] == n and r["traffic"] == name),
+                           key=lambda r: r["rank"])
+            if not ranks:
+                continue
+            rows.append([n, name, _ratios(r["sent"] / r["data_bytes"] for r in ranks),
+                         _ratios(factor(n, r["rank"] == 0) for r in ranks), formula])
+    return text_table(["ranks", "algorithm", "sent / data, rank 0 1 ...", "expected", "formula"],
+                      rows)
 
 
 def traffic_summary(records: Iterable[dict]) -> str:
@@ -131,32 +137,45 @@ def bandwidth_series(records: Iterable[dict]) -> dict[str, tuple[list[int], list
     return series
 
 
+def _num(x: float) -> str:
+    """Three significant digits, never in exponent form: 0.00249, 0.648, 12.3, 880."""
+    if x == 0:
+        return "0"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+UNITS = {"time": ("ms", 1e3), "algbw": ("MB/s", 1e-6), "busbw": ("MB/s", 1e-6)}
+
+
 def bandwidth_table(series: dict, *, world_size: int, metric: str = "time") -> str:
-    """An nccl-tests style table, one column per algorithm, for one metric.
+    """An nccl-tests style table, one column per algorithm, for one metric, in one unit
+    (ms for time, MB/s = 1e6 bytes per second for the bandwidths).
 
     Args:
         series: {algorithm: (sizes in bytes, seconds per call)}.
         world_size: ranks that took part (the busbw factor).
         metric: "time" (per call), "algbw" or "busbw".
     """
+    unit, scale = UNITS[metric]
     names = list(series)
     sizes = sorted({s for sz, _ in series.values() for s in sz})
 
     def value(size: int, t: float) -> str:
         if metric == "time":
-            return format_seconds(t)
+            return _num(t * scale)
         if metric == "algbw":
-            return format_rate(algbw(size, t))
-        return format_rate(busbw(size, t, collective="all_reduce", world_size=world_size))
+            return _num(algbw(size, t) * scale)
+        return _num(busbw(size, t, collective="all_reduce", world_size=world_size) * scale)
 
     rows = []
     for size in sizes:
-        row = [format_bytes(size), size // 4]
+        row = [size, size // 4]
         for name in names:
             sz, ts = series[name]
             row.append(value(size, ts[sz.index(size)]) if size in sz else "")
         rows.append(row)
-    return text_table(["size", "floats", *names], rows, right=list(range(1, len(names) + 2)))
+    return (f"{metric} of one all_reduce on {world_size} ranks, {unit}\n"
+            + text_table(["bytes", "floats", *names], rows, right=list(range(len(names) + 2))))
 
 
 def fit_all(series: dict, *, min_bytes: int = 0) -> dict:
@@ -169,18 +188,72 @@ def fit_all(series: dict, *, min_bytes: int = 0) -> dict:
 
 
 def fit_table(fits: dict, series: dict, *, world_size: int) -> str:
-    """alpha, beta, n½ per algorithm, and algbw and busbw measured at the largest size."""
+    """alpha, beta, n½ per algorithm, and time, algbw and busbw measured at the largest size."""
     rows = []
+    biggest = max(max(sizes) for sizes, _ in series.values())
     for name, fit in fits.items():
         sizes, times = series[name]
-        big = max(range(len(sizes)), key=sizes.__getitem__)
-        rows.append([name, format_seconds(fit.alpha_s), format_rate(fit.beta_Bps),
-                     format_bytes(fit.half_bandwidth_bytes), format_bytes(sizes[big]),
-                     format_seconds(times[big]), format_rate(algbw(sizes[big], times[big])),
-                     format_rate(busbw(sizes[big], times[big], collective="all_reduce",
-                                       world_size=world_size))])
-    return text_table(["algorithm", "alpha", "beta", "n½", "largest size", "time", "algbw",
-                       "busbw"], rows, right=[1, 2, 3, 4, 5, 6, 7])
+        t = times[sizes.index(biggest)]
+        rows.append([name, _num(fit.alpha_s * 1e3), _num(fit.beta_Bps / 1e6),
+                     _num(fit.half_bandwidth_bytes / 2**10), _num(t * 1e3),
+                     _num(algbw(biggest, t) / 1e6),
+                     _num(busbw(biggest, t, collective="all_reduce", world_size=world_size) / 1e6)])
+    return (f"alpha-beta fit per algorithm; time and bandwidths at {format_bytes(biggest)}\n"
+            + text_table(["algorithm", "alpha (ms)", "beta (MB/s)", "n½ (KiB)", "time (ms)",
+                          "algbw (MB/s)", "busbw (MB/s)"], rows, right=[1, 2, 3, 4, 5, 6]))
+
+
+def busbw_ratio(series: dict, name: str, reference: str, size: int) -> float:
+    """busbw of algorithm `name` over that of `reference` at `size` bytes (= their time ratio
+    inverted: the same bytes and world size)."""
+    def seconds(algorithm: str) -> float:
+        sizes, times = series[algorithm]
+        return times[sizes.index(size)]
+
+    return seconds(reference) / seconds(name)
+
+
+# ------------------------------------------------------------------ 6. on a wire
+
+LINK_LOAD = {  # bytes the busiest link carries one after the other, as a multiple of the data
+    "library": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
+    "ring": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
+    "pipelined ring": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
+    "naive ring": ("n-1: sent while receiving", lambda n: n - 1),
+    "reduce+broadcast": ("2(n-1): root receives all, then sends", lambda n: 2 * (n - 1)),
+}
+
+
+def wire_predictions(records: Iterable[dict], *, link_Bps: float, world_size: int) -> dict:
+    """{algorithm: (predicted s, measured s)} at the largest size of a run on a capped link:
+    predicted = LINK_LOAD x data / link_Bps, the wire time alone."""
+    recs = [r for r in records if "algorithm" in r]
+    biggest = max(r["nbytes"] for r in recs)
+    return {r["algorithm"]: (LINK_LOAD[r["algorithm"]][1](world_size) * biggest / link_Bps,
+                             r["seconds"])
+            for r in recs if r["nbytes"] == biggest}
+
+
+def wire_table(records: Iterable[dict], *, link_Bps: float, world_size: int) -> str:
+    """At the largest size: bytes each rank's link carried (counted on the interface) and
+    the time the link rate predicts from them, against the time measured."""
+    recs = [r for r in records if "algorithm" in r]
+    biggest = max(r["nbytes"] for r in recs)
+    predicted = wire_predictions(recs, link_Bps=link_Bps, world_size=world_size)
+    rows = []
+    for r in recs:
+        if r["nbytes"] != biggest:
+            continue
+        pred, measured = predicted[r["algorithm"]]
+        sent = _ratios(b / biggest for b in r["link_sent"]) if "link_sent" in r else "not counted"
+        rows.append([r["algorithm"], sent, LINK_LOAD[r["algorithm"]][0], _num(pred * 1e3),
+                     _num(measured * 1e3), f"{measured / pred:.2f}",
+                     f"{busbw(biggest, measured, collective='all_reduce', world_size=world_size) / link_Bps:.2f}"])
+    return (f"{format_bytes(biggest)} on {world_size} hosts; link {_num(link_Bps / 1e6)} MB/s "
+            f"each way; busbw factor {busbw_factor('all_reduce', world_size):g}\n"
+            + text_table(["algorithm", "sent on the link / data, rank 0 1 ...",
+                          "busiest link carries (x data)", "predicted (ms)", "measured (ms)",
+                          "measured / predicted", "busbw / link"], rows, right=[3, 4, 5, 6]))
 
 
 # ------------------------------------------------------------------ 7. exercises
@@ -251,6 +324,6 @@ def check_answers(answers: dict, *, fit=None) -> None:
 
 __all__ = [
     "primitive_tables", "barrier_table", "show_source", "frame_in", "correctness_table", "traffic_table",
-    "traffic_summary", "bandwidth_series", "bandwidth_table", "fit_all", "fit_table",
-    "check_ring_bytes", "check_parity_ring", "check_answers",
+    "traffic_summary", "bandwidth_series", "bandwidth_table", "fit_all", "fit_table", "busbw_ratio",
+    "wire_predictions", "wire_table", "check_ring_bytes", "check_parity_ring", "check_answers",
 ]

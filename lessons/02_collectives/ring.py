@@ -9,6 +9,10 @@ so the cost of each algorithm can be measured rather than claimed.
   arriving from the left; afterwards rank r holds the full sum of chunk r+1.
   All-gather (n-1 steps): pass the finished chunks around the ring.
   Each rank sends 2(n-1) chunks of size 1/n: 2(n-1)/n of the data.
+- pipelined_ring_all_reduce: the same ring, with every chunk cut into segments and
+  several segments in flight at once, so that adding one segment overlaps the
+  transfer of the next, and with each receive posted before its data is due, so
+  that a sender never waits to hear that its neighbour is ready. Same bytes.
 - naive_ring_all_reduce: pass the whole tensor around the ring n-1 times; each
   rank sends (n-1) times the data.
 - reduce_broadcast_all_reduce: every rank sends its tensor to the root, the root
@@ -26,13 +30,14 @@ by rank parity also works: an exercise in the notebook.)
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+from collections import Counter, defaultdict
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
-    "ALGORITHMS", "ring_all_reduce", "naive_ring_all_reduce",
+    "ALGORITHMS", "ring_all_reduce", "pipelined_ring_all_reduce", "naive_ring_all_reduce",
     "reduce_broadcast_all_reduce", "blocking_ring_all_reduce", "ring_chunks",
 ]
 
@@ -94,6 +99,76 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *, traffic: Counter | None
     for step in range(n - 1):
         send_c, recv_c = chunks[(me + 1 - step) % n], chunks[(me - step) % n]
         _exchange(send_c, recv_c, right, left, group, traffic)
+    return tensor
+
+
+def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, *, segment_bytes: int = 2**20,
+                              traffic: Counter | None = None) -> torch.Tensor:
+    """ring_all_reduce with every chunk cut into segments, several of them in flight.
+
+    The ring's 2(n-1) steps become 2(n-1)·S transfers of one segment each (S segments
+    per chunk, transfer k = step·S + segment). Transfer k sends the segment that
+    transfer k-S brought in, so it starts as soon as that one has arrived and been
+    added: up to S transfers are on the wire while this rank adds. On CPU (gloo) each
+    receive is also posted one step before its data is due, because gloo sends only
+    once the receiver has announced the receive.
+
+    Args:
+        tensor: a contiguous tensor, the same shape on every rank.
+        group: the process group (None: every rank).
+        segment_bytes: the largest segment; a chunk of C bytes is cut into
+            ceil(C / segment_bytes) segments (the same number on every rank).
+        traffic: a Counter that receives "sent" and "received" byte counts.
+    """
+    me, n, right, left = _ring_position(group)
+    if n == 1:
+        return tensor
+    chunks = ring_chunks(tensor.view(-1), n)
+    s = max(1, math.ceil(chunks[0].numel() * tensor.element_size() / segment_bytes))
+    segments = [ring_chunks(chunk, s) for chunk in chunks]
+    # The steps of ring_all_reduce, (chunk sent, chunk received, add it?), one transfer
+    # per segment: plan[k] = (segment sent, segment received, add it?).
+    steps = [((me - t) % n, (me - t - 1) % n, True) for t in range(n - 1)]       # reduce-scatter
+    steps += [((me + 1 - t) % n, (me - t) % n, False) for t in range(n - 1)]     # all-gather
+    plan = [(segments[out][j], segments[into][j], add) for out, into, add in steps for j in range(s)]
+    inbox = [ring_chunks(torch.empty_like(chunks[0]), s) for _ in range(2)]  # two steps' worth
+    ahead = s if tensor.device.type == "cpu" else 0  # NCCL runs a stream's transfers in order
+    pending = defaultdict(list)  # transfer -> its send and receive requests
+    landed = {}  # transfer -> where its segment arrives
+
+    def start(send_k: int | None, recv_k: int | None) -> None:
+        ops, owners = [], []
+        if send_k is not None and plan[send_k][0].numel():
+            ops.append(dist.P2POp(dist.isend, plan[send_k][0], right, group))
+            owners.append(send_k)
+        if recv_k is not None and plan[recv_k][1].numel():
+            _, into, add = plan[recv_k]
+            # Reduce-scatter segments land in the inbox to be added; all-gather ones in place
+            # (they can only arrive after this rank's own copy was sent on).
+            landed[recv_k] = inbox[recv_k // s % 2][recv_k % s][: into.numel()] if add else into
+            ops.append(dist.P2POp(dist.irecv, landed[recv_k], left, group))
+            owners.append(recv_k)
+        for k, request in zip(owners, dist.batch_isend_irecv(ops) if ops else []):
+            pending[k].append(request)
+        if traffic is not None:
+            traffic["sent"] += 0 if send_k is None else plan[send_k][0].numel() * tensor.element_size()
+            traffic["received"] += 0 if recv_k is None else plan[recv_k][1].numel() * tensor.element_size()
+
+    def finish(k: int) -> None:
+        for request in pending.pop(k, []):
+            request.wait()
+        _, into, add = plan[k]
+        if add and k in landed:
+            into += landed.pop(k)  # meanwhile the next segments are on the wire
+
+    for k in range(ahead):
+        start(None, k)  # the first step's receives, before any send
+    for k in range(len(plan)):
+        if k >= s:
+            finish(k - s)  # the segment sent next (and its inbox slot) is ready
+        start(k, k + ahead if k + ahead < len(plan) else None)
+    for k in range(max(0, len(plan) - s), len(plan)):
+        finish(k)
     return tensor
 
 
@@ -178,6 +253,7 @@ def blocking_ring_all_reduce(tensor: torch.Tensor, group=None, *,
 
 ALGORITHMS = {
     "ring": ring_all_reduce,
+    "pipelined ring": pipelined_ring_all_reduce,
     "naive ring": naive_ring_all_reduce,
     "reduce+broadcast": reduce_broadcast_all_reduce,
 }

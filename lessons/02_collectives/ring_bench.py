@@ -4,18 +4,25 @@ Run it on 4 ranks, from the lessons folder:
 
     torchrun --standalone --nproc-per-node 4 02_collectives/ring_bench.py
 
-or from the notebook: launch("02_collectives/ring_bench.py", nproc=4). Three parts:
+or from the notebook: launch("02_collectives/ring_bench.py", nproc=4), or one rank per
+host of a virtual cluster: cluster.launch("02_collectives/ring_bench.py", nproc=1,
+args=["--skip-checks", ...]). Three parts:
 
 1. correctness: every algorithm in ring.py equals dist.all_reduce on groups of 2, 3
    and 4 ranks, for sizes that do not divide evenly into chunks (1, 2, 3, 5, 7, 10,
    1001 and 4099 elements): rank 0 collects every rank's results and compares them
-   with torch.testing.assert_close; report(check=...) per group size.
+   with torch.testing.assert_close; report(check=...) per group size. The pipelined
+   ring runs here with 256-byte segments, so that the larger sizes really are cut
+   into many segments in flight.
 2. traffic: bytes each rank sent and received for one all-reduce of 1001 float32
    elements (4004 bytes) on each group size; report(traffic=...) per rank.
-3. speed, like nccl-tests: all_reduce of float32 arrays from 8 B to --max-bytes on
-   every rank, library vs ring vs naive ring vs reduce+broadcast. Each call starts
-   after a barrier; a call's time is that of the slowest rank; rank 0 reports the
-   median per size. --check-only skips this part.
+3. speed, like nccl-tests: all_reduce of float32 arrays from --min-bytes to --max-bytes
+   (times 4 each step) on every rank, the library against the algorithms of ring.py.
+   Each call starts after a barrier; a call's time is that of the slowest rank; rank 0
+   reports the median per size. --check-only skips this part, --skip-checks parts 1-2.
+   With --link-iface (the interfaces of a virtual cluster's links), every rank also
+   counts the bytes its host's link carried during the untimed warm-up call, headers
+   included, and rank 0 reports them with the timings.
 
 Runs on gloo (CPU) and NCCL (GPUs): tensors live on the device init() picked.
 """
@@ -23,20 +30,29 @@ Runs on gloo (CPU) and NCCL (GPUs): tensors live on the device init() picked.
 import argparse
 import sys
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # ring.py sits next to this file
-from ring import ALGORITHMS  # noqa: E402
+from ring import ALGORITHMS, pipelined_ring_all_reduce  # noqa: E402
 
 from labutils.dist import init, report  # noqa: E402
 from labutils.timing import median, time_calls  # noqa: E402
 
 parser = argparse.ArgumentParser()
+parser.add_argument("--min-bytes", type=int, default=8, help="smallest array, bytes")
 parser.add_argument("--max-bytes", type=int, default=32 * 2**20, help="largest array, bytes")
+parser.add_argument("--algorithms", nargs="+", default=["library", *ALGORITHMS],
+                    choices=["library", *ALGORITHMS], help="what the sweep times")
+parser.add_argument("--iters", type=int, default=0,
+                    help="timed calls per size (default: 8 up to 128 KiB, 5 up to 2 MiB, then 3)")
 parser.add_argument("--check-only", action="store_true", help="skip the timing sweep")
+parser.add_argument("--skip-checks", action="store_true", help="only the timing sweep")
+parser.add_argument("--link-iface", nargs="+", default=[],
+                    help="network interfaces whose bytes count as this rank's link")
 args = parser.parse_args()
 
 rank, world_size, device = init()
@@ -45,7 +61,10 @@ TRAFFIC_SIZE = 1001
 
 # ---------------------------------------------------------------- 1. correctness
 # new_group() must be called by every rank, members or not.
-groups = {n: dist.new_group(list(range(n))) for n in range(2, world_size + 1)}
+groups = {} if args.skip_checks else {n: dist.new_group(list(range(n)))
+                                       for n in range(2, world_size + 1)}
+# 256-byte segments: 1001 float64 elements on 2 ranks make 16 segments per chunk.
+CHECKED = {**ALGORITHMS, "pipelined ring": partial(pipelined_ring_all_reduce, segment_bytes=256)}
 results = []  # (group size, elements, algorithm, result, dist.all_reduce's result) of this rank
 for n, group in groups.items():
     if rank >= n:
@@ -55,13 +74,14 @@ for n, group in groups.items():
         data = torch.randn(numel, generator=gen, dtype=torch.float64).to(device)
         expected = data.clone()
         dist.all_reduce(expected, group=group)
-        for name, all_reduce in ALGORITHMS.items():
+        for name, all_reduce in CHECKED.items():
             results.append((n, numel, name, all_reduce(data.clone(), group).cpu(), expected.cpu()))
 # Rank 0 checks every rank's results (assert_close's first call imports sympy, seconds of
 # CPU: once, not once per rank). A mismatch raises here and fails the run.
 everyone = [None] * world_size
-dist.gather_object(results, everyone if rank == 0 else None, dst=0)
-if rank == 0:
+if groups:
+    dist.gather_object(results, everyone if rank == 0 else None, dst=0)
+if rank == 0 and groups:
     for n in groups:
         worst, checked = 0.0, 0
         for r, rank_results in enumerate(everyone):
@@ -99,25 +119,51 @@ def sync() -> None:
     dist.barrier()
 
 
+def link_bytes() -> tuple[int, int]:
+    """(sent, received) bytes so far through the --link-iface interfaces this rank's host
+    has (/proc/net/dev lists the interfaces of the rank's own network namespace)."""
+    sent = received = 0
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, counters = line.split(":", 1)
+        if name.strip() in args.link_iface:
+            fields = counters.split()
+            received, sent = received + int(fields[0]), sent + int(fields[8])
+    return sent, received
+
+
 def library(tensor: torch.Tensor, group=None) -> torch.Tensor:
     dist.all_reduce(tensor, group=group)
     return tensor
 
 
-candidates = {"library": library, **ALGORITHMS}
-nbytes = 8
+candidates = {name: {"library": library, **ALGORITHMS}[name] for name in args.algorithms}
+nbytes = args.min_bytes
 while nbytes <= args.max_bytes:
     x = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # sums of zeros never overflow
-    iters = 8 if nbytes <= 128 * 2**10 else 5 if nbytes <= 2 * 2**20 else 3
+    iters = args.iters or (8 if nbytes <= 128 * 2**10 else 5 if nbytes <= 2 * 2**20 else 3)
     for name, all_reduce in candidates.items():
         def call():
             all_reduce(x)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-        times = torch.tensor(time_calls(call, iters=iters, warmup=1, sync=sync), device=device)
+        sync()
+        before = link_bytes()
+        call()  # the warm-up call, not timed: its bytes on the link are counted
+        sync()  # every rank has received everything: every byte has crossed the links
+        on_link = torch.tensor([b - a for a, b in zip(before, link_bytes())],
+                               dtype=torch.float64, device=device)
+        times = torch.tensor(time_calls(call, iters=iters, warmup=0, sync=sync), device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
+        every_link = [torch.zeros_like(on_link) for _ in range(world_size)]
+        if args.link_iface:
+            dist.all_gather(every_link, on_link)
         if rank == 0:
-            report(algorithm=name, nbytes=nbytes, seconds=median(times.tolist()), iters=iters)
+            extra = {}
+            if args.link_iface:
+                extra = {"link_sent": [int(t[0]) for t in every_link],
+                         "link_received": [int(t[1]) for t in every_link]}
+            report(algorithm=name, nbytes=nbytes, seconds=median(times.tolist()), iters=iters,
+                   **extra)
     nbytes *= 4
 
 dist.destroy_process_group()
