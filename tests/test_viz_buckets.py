@@ -272,9 +272,27 @@ def test_bucket_sweep_plot_has_measured_predicted_and_floor():
     assert "ms" in ax.get_ylabel()
 
 
+def test_bucket_sweep_plot_shades_between_the_two_predictions():
+    caps = [1 / 16, 1, 16]
+    fig = plot_bucket_sweep({"m": (caps, [0.03, 0.02, 0.025])},
+                            predicted={"m": (caps, [0.035, 0.03, 0.025])},
+                            perfect={"m": (caps[::-1], [0.025, 0.015, 0.018])})  # any cap order
+    (ax,) = fig.axes
+    lines = ax.get_lines()
+    assert list(lines[2].get_ydata()) == pytest.approx([18, 15, 25])  # sorted by cap, in ms
+    assert lines[2].get_linestyle() == "-."
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["m: measured", "m: predicted, no overlap", "m: predicted, perfect overlap"]
+    (band,) = ax.collections  # the shaded range between the predictions
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == pytest.approx(15) and max(ys) == pytest.approx(35)
+
+
 def test_bucket_sweep_plot_rejects_unknown_models():
     with pytest.raises(InputError, match="model labels among"):
         plot_bucket_sweep({"a": ([1], [0.1])}, compute_only={"b": 0.1})
+    with pytest.raises(InputError, match="model labels among"):
+        plot_bucket_sweep({"a": ([1], [0.1])}, perfect={"b": ([1], [0.1])})
 
 
 # ----------------------------------------------------------------------- real DDP buckets

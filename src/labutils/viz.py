@@ -296,16 +296,19 @@ def plot_bucket_sweep(
     predicted: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
     compute_only: Mapping[str, float] | None = None,
     title: str = "step time against bucket_cap_mb",
+    perfect: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
 ):
     """Step time against bucket cap, one colour per model, log-scaled cap axis.
 
     Args:
         measured: {model label: (caps in MiB, seconds per step)}: solid lines.
-        predicted: {model label: (caps in MiB, seconds)}: dashed lines, e.g. compute
-            plus every bucket's alpha-beta time (no overlap).
+        predicted: {model label: (caps in MiB, seconds)}: dashed lines, the step
+            predicted without overlap (compute plus every bucket's all-reduce).
         compute_only: {model label: seconds per step without communication}: dotted
             horizontal lines.
         title: the axes title.
+        perfect: {model label: (caps in MiB, seconds)}: dash-dotted lines, the step
+            predicted with perfect overlap; shaded up to `predicted` where both exist.
 
     Returns:
         The matplotlib Figure.
@@ -314,8 +317,9 @@ def plot_bucket_sweep(
 
     data = _check_series(measured)
     pred = _check_series(predicted) if predicted else {}
+    best = _check_series(perfect) if perfect else {}
     floor = dict(compute_only or {})
-    for what, extra in (("predicted", pred), ("compute_only", floor)):
+    for what, extra in (("predicted", pred), ("perfect", best), ("compute_only", floor)):
         unknown = sorted(set(extra) - set(data))
         if unknown:
             raise InputError(what, expected=f"model labels among {sorted(data)}", given=unknown,
@@ -329,7 +333,16 @@ def plot_bucket_sweep(
             pc, ps = pred[name]
             o = sorted(range(len(pc)), key=pc.__getitem__)
             ax.plot([pc[i] for i in o], [ps[i] * 1e3 for i in o], "--", color=line.get_color(),
-                    label=f"{name}: compute + every bucket's α + bytes/β (no overlap)")
+                    label=f"{name}: predicted, no overlap")
+        if name in best:
+            bc, bs = best[name]
+            o = sorted(range(len(bc)), key=bc.__getitem__)
+            ax.plot([bc[i] for i in o], [bs[i] * 1e3 for i in o], "-.", color=line.get_color(),
+                    label=f"{name}: predicted, perfect overlap")
+            if name in pred and sorted(pred[name][0]) == [bc[i] for i in o]:
+                top = dict(zip(*pred[name]))
+                ax.fill_between([bc[i] for i in o], [bs[i] * 1e3 for i in o],
+                                [top[bc[i]] * 1e3 for i in o], color=line.get_color(), alpha=0.12)
         if name in floor:
             ax.axhline(floor[name] * 1e3, linestyle=":", color=line.get_color(),
                        label=f"{name}: compute only (no_sync)")
