@@ -497,6 +497,8 @@ def plot_scaling(
     step_seconds: Mapping[str, Mapping[int, float]],
     *,
     title: str = "scaling efficiency",
+    predicted: Mapping[str, Mapping[int, float]] | None = None,
+    xlabel: str = "ranks",
 ):
     """Time per step and efficiency against the number of ranks, strong and weak.
 
@@ -507,6 +509,9 @@ def plot_scaling(
         step_seconds: {"strong": {ranks: seconds per step}, "weak": {...}}; either
             key may be left out; each needs ranks = 1.
         title: the figure title.
+        predicted: a model's seconds per step, same shape (ranks = 1 not needed),
+            drawn dotted with crosses; its efficiency divides the same measured T1.
+        xlabel: what the x axis counts (e.g. "hosts (1 rank each)").
 
     Returns:
         The matplotlib Figure (left: time per step with the ideal; right: efficiency).
@@ -524,6 +529,14 @@ def plot_scaling(
                 for n, t in times.items()):
             raise InputError(f"step_seconds[{kind!r}]", expected="{ranks >= 1: seconds > 0} including ranks 1",
                              given=times, fix="measure the 1-rank run too: it is the baseline")
+    predicted = predicted or {}
+    if not isinstance(predicted, Mapping) or set(predicted) - set(step_seconds) or any(
+            not isinstance(times, Mapping) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 or isinstance(t, bool)
+                or not isinstance(t, (int, float)) or not t > 0 for n, t in times.items())
+            for times in predicted.values()):
+        raise InputError("predicted", expected="{kind of step_seconds: {ranks >= 1: seconds > 0}}",
+                         given=predicted, fix='pass e.g. {"strong": {2: 0.06, 4: 0.05}}')
     fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=FIGSIZE_WIDE)
     for kind, times in step_seconds.items():
         ns = sorted(times)
@@ -537,10 +550,16 @@ def plot_scaling(
             ax_e.annotate(f"{e:.0%}", (n, e), textcoords="offset points",
                           xytext=(0, 6 if kind == "strong" else -13), ha="center", fontsize=8,
                           color=line.get_color())
+        if kind in predicted:
+            pn = sorted(predicted[kind])
+            ax_t.plot(pn, [predicted[kind][n] * 1e3 for n in pn], "x:", color=line.get_color(),
+                      label=f"{kind}: predicted")
+            ax_e.plot(pn, [t1 / (n * predicted[kind][n]) if kind == "strong" else t1 / predicted[kind][n]
+                           for n in pn], "x:", color=line.get_color(), label=f"{kind}: predicted")
     ns_all = sorted({n for times in step_seconds.values() for n in times})
     for ax in (ax_t, ax_e):
         ax.set_xticks(ns_all)
-        ax.set_xlabel("ranks")
+        ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     ax_t.set_ylabel("time per training step (ms)")
