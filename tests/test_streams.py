@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from labutils import runfiles
 from labutils.streams import EventTail, LineTail, RankOutput, decode
 
@@ -71,3 +73,39 @@ def test_paths_are_shortened_for_reading(tmp_path, monkeypatch):
     assert shorten_traceback_paths(text) == (
         '  File "train.py", line 3, in <module>\n'
         '  File ".../site-packages/torch/distributed/distributed_c10d.py", line 9, in f\n')
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+     "Connection closed by peer [127.0.0.1]:38108.",
+     "RuntimeError: [.../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+     "Connection closed by peer [127.0.0.1]:38108."),
+    ("Exception raised from run at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/"
+     "ProcessGroupGloo.cpp:123 (most recent call first):",
+     "Exception raised from run at .../torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:123 "
+     "(most recent call first):"),
+    ("frame #3: /var/lib/jenkins/workspace/c10/util/Exception.cpp:45",
+     "frame #3: .../c10/util/Exception.cpp:45"),
+    ("(/pytorch/aten/src/ATen/native/Copy.hpp, /pytorch/aten/src/ATen/x.h)",
+     "(.../aten/src/ATen/native/Copy.hpp, .../aten/src/ATen/x.h)"),
+    ("built in /__w/pytorch/pytorch/tools/setup_helpers/x.py", "built in .../tools/setup_helpers/x.py"),
+    # not torch's build paths: unchanged
+    ("/usr/include/c++/12/bits/stl_vector.h:1125", "/usr/include/c++/12/bits/stl_vector.h:1125"),
+    ("lessons/torch/notes.cpp and .../site-packages/torch/csrc/x.h",
+     "lessons/torch/notes.cpp and .../site-packages/torch/csrc/x.h"),
+    ("/home/me/torch/train.py", "/home/me/torch/train.py"),
+    ("loss 1/2 at step 3", "loss 1/2 at step 3"),
+])
+def test_torch_build_paths_are_cut_to_the_source_tree(text, shown):
+    from labutils.runfiles import shorten_build_paths
+
+    assert shorten_build_paths(text) == shown
+
+
+def test_shorten_paths_does_tracebacks_and_build_paths(tmp_path, monkeypatch):
+    from labutils.runfiles import shorten_paths
+
+    monkeypatch.chdir(tmp_path)
+    line = f'  File "{tmp_path}/train.py", line 3, in <module>'
+    assert shorten_paths(line) == '  File "train.py", line 3, in <module>'
+    assert shorten_paths("[/__w/pytorch/pytorch/torch/csrc/a.cpp:1] x") == "[.../torch/csrc/a.cpp:1] x"

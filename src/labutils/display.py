@@ -11,18 +11,25 @@ papermill, nbval, ``jupyter nbconvert --execute``, a terminal. Each line is
 printed as ``[rank N] line`` so it is saved with the notebook. In a notebook the
 output is bounded: after ``limit`` lines of one rank the rest is counted, not
 shown, and the end of the run shows that rank's last lines and where the
-complete log is.
+complete log is. A traceback that repeats one shown before (another rank's, or the
+same rank's in an earlier attempt) is shown as one line that names the rank it
+repeats, and the summary at the end does not print a traceback shown above; torch's
+build paths are cut as machine paths are (runfiles.shorten_paths). The log files
+keep every line as the rank wrote it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from labutils.result import RunResult
-from labutils.runfiles import shorten_traceback_paths
+from labutils.runfiles import shorten_paths
 
 DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
@@ -55,6 +62,46 @@ class Display:
         """The run ended; every process is gone."""
 
 
+TRACEBACK_START = "Traceback (most recent call last):"
+MAX_TRACEBACK_LINES = 400  # a longer block is not compared (it is shown as it comes)
+HOLD_S = 1.0  # a possible repeat that stops growing this long is settled at the next tick
+
+
+def _same_key(line: str) -> str:
+    """A line as two ranks' copies of one error compare: numbers (ranks, ports,
+    addresses) do not count."""
+    return re.sub(r"\d+", "#", line)
+
+
+@dataclass
+class _Block:
+    """A traceback as shown: its rank and its lines, compared with _same_key()."""
+
+    rank: int
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def exception_at(self) -> int | None:
+        """Index of the exception line: the first line after the frames."""
+        return next((i for i, k in enumerate(self.keys)
+                     if i and k and not k[0].isspace()), None)
+
+
+@dataclass
+class _Candidate:
+    """A rank's traceback held back while it repeats blocks shown earlier."""
+
+    lines: list[str]
+    matching: list[_Block]
+    since: float = field(default_factory=time.monotonic)
+
+    def repeats(self) -> _Block | None:
+        """The shown block this one repeats, once it has matched past the exception line."""
+        n = len(self.lines)
+        return next((b for b in self.matching
+                     if b.exception_at is not None and n > b.exception_at), None)
+
+
 class TextDisplay(Display):
     """``[rank N] line`` per line, bounded per rank when ``limit`` is set."""
 
@@ -77,6 +124,11 @@ class TextDisplay(Display):
         self._hidden: dict[int, int] = {}
         self._last: dict[int, list[tuple[str, str]]] = {}
         self._log_dir = ""
+        self._blocks: list[_Block] = []            # tracebacks shown in full
+        self._open: dict[int, _Block] = {}         # a rank's block still growing
+        self._held: dict[int, _Candidate] = {}     # a rank's block that may be a repeat
+        self._exception_lines: dict[int, set[str]] = {}  # rank -> exception lines shown
+        self.repeats = 0                           # tracebacks shown as one line
 
     @property
     def out(self) -> TextIO:
@@ -90,10 +142,80 @@ class TextDisplay(Display):
         self._log_dir = log_dir
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
-        # Stack dumps written from C (faulthandler on a crash) carry absolute paths;
-        # show them as the worker shows Python tracebacks, so saved notebooks hold
-        # no machine paths. The log files keep the original text.
-        lines = [shorten_traceback_paths(ln) if 'File "' in ln else ln for ln in lines]
+        # Stack dumps written from C (faulthandler on a crash) carry absolute paths, and
+        # torch's C++ errors its build machine's: show them as the worker shows Python
+        # tracebacks, so saved notebooks hold no machine paths.
+        lines = [shorten_paths(ln) for ln in lines]
+        if stream != "stderr":
+            self._write(rank, stream, lines)
+            return
+        for line in lines:
+            self._stderr_line(rank, line)
+
+    # ------------------------------------------------------------- repeated tracebacks
+    def _stderr_line(self, rank: int, line: str) -> None:
+        key = _same_key(line)
+        held = self._held.get(rank)
+        if held is not None:
+            at = len(held.lines)
+            still = [b for b in held.matching if at < len(b.keys) and b.keys[at] == key]
+            if still and line != TRACEBACK_START:
+                held.lines.append(line)
+                held.matching = still
+                held.since = time.monotonic()
+                return
+            self._settle(rank)
+        if line == TRACEBACK_START:
+            self._open.pop(rank, None)
+            earlier = [b for b in self._blocks if b.keys[0] == key]
+            if earlier:
+                self._held[rank] = _Candidate([line], earlier)
+                return
+            block = _Block(rank, [key])
+            self._blocks.append(block)
+            self._open[rank] = block
+        elif rank in self._open:
+            block = self._open[rank]
+            block.keys.append(key)
+            if len(block.keys) >= MAX_TRACEBACK_LINES:
+                del self._open[rank]
+        self._write(rank, "stderr", [line])
+
+    def _settle(self, rank: int) -> None:
+        """Show a held traceback: one line if it repeats a shown one, else in full."""
+        held = self._held.pop(rank)
+        same = held.repeats()
+        if same is None:
+            block = _Block(rank, [_same_key(ln) for ln in held.lines])
+            self._blocks.append(block)
+            self._open[rank] = block
+            self._write(rank, "stderr", held.lines)
+            return
+        exception = held.lines[same.exception_at]
+        self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
+        whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
+        log = os.path.join(_rel(self._log_dir), f"rank{rank}", "stderr.log")
+        name = exception.split(":", 1)[0]
+        self.repeats += 1
+        self._write(rank, "stderr", [f"{name}: the same traceback as {whose} above "
+                                     f"({len(held.lines)} lines, in {log})"])
+
+    def _settle_all(self, *, idle_s: float = 0.0) -> None:
+        now = time.monotonic()
+        for rank in [r for r, c in self._held.items() if now - c.since >= idle_s]:
+            self._settle(rank)
+
+    def shown_traceback(self, rank: int, exc_type: str, message: str) -> bool:
+        """Whether this display showed (in full or as a repeat) rank's traceback of
+        that exception."""
+        first = _same_key(shorten_paths(message.split("\n", 1)[0]))
+        shown = set(self._exception_lines.get(rank, ()))
+        shown.update(b.keys[b.exception_at] for b in self._blocks
+                     if b.rank == rank and b.exception_at is not None)
+        return any(exc_type in k and first in k for k in shown)
+
+    # ------------------------------------------------------------- bounded output
+    def _write(self, rank: int, stream: str, lines: list[str]) -> None:
         target = self.out if stream == "stdout" else self.err
         shown = self._shown.get(rank, 0)
         room = len(lines) if self.limit is None else max(0, self.limit - shown)
@@ -114,9 +236,11 @@ class TextDisplay(Display):
         self.out.write(f"[labutils] {text}\n")
 
     def tick(self) -> None:
+        self._settle_all(idle_s=HOLD_S)
         self.out.flush()
 
     def finish(self, result: RunResult) -> None:
+        self._settle_all()
         for rank, hidden in sorted(self._hidden.items()):
             tail = self._last.get(rank, [])
             earlier = hidden - len(tail)
@@ -127,7 +251,10 @@ class TextDisplay(Display):
                 (self.out if stream == "stdout" else self.err).write(f"[rank {rank}] {line}\n")
         self.err.flush()
         if self.summary:
-            self.out.write(result.summary() + "\n")
+            f = result.failure
+            above = bool(f and f.traceback and f.rank not in self._hidden
+                         and self.shown_traceback(f.rank, f.exc_type, f.message))
+            self.out.write(result.summary(traceback_shown=above) + "\n")
         self.out.flush()
 
 

@@ -63,8 +63,10 @@ def attempt_line(attempt: dict) -> str:
     line = (f"attempt {a['attempt']}: {size if size is not None else '?'} rank(s), "
             f"restart count {a.get('restart_count', a['attempt'])}, {a['outcome']}")
     if a.get("failed_agent") is None and a.get("failed_rank") is not None:
-        return f"{line}; rank {a['failed_rank']} failed: {a['why']}"
-    return f"{line}; {a['why']}" if a.get("why") else line
+        line = f"{line}; rank {a['failed_rank']} failed: {a['why']}"
+    elif a.get("why"):
+        line = f"{line}; {a['why']}"
+    return runfiles.shorten_build_paths(line)
 
 
 @dataclass
@@ -140,8 +142,14 @@ class RunResult:
         return (f"run {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
                 f"logs in {_short_dir(self.log_dir)}")
 
-    def summary(self) -> str:
-        """The readable report: headline, per-rank states, failure or hang details."""
+    def summary(self, *, traceback_shown: bool = False) -> str:
+        """The readable report: headline, per-rank states, failure or hang details.
+
+        Args:
+            traceback_shown: the root cause's traceback was printed just above (the
+                text display passes True when it showed it): refer to it instead of
+                printing it again, and keep only the first line of a long message.
+        """
         lines = [self.headline()]
         if self.restarts:
             lines.extend("  " + line for line in self.restart_history())
@@ -152,7 +160,10 @@ class RunResult:
             lines.append(f"  rank {r.rank}: {r.state}{code}{' ' + sig if sig else ''}{extra}")
         if self.failure:
             f = self.failure
-            lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {f.message}")
+            message = f.message
+            if traceback_shown and "\n" in message.strip():
+                message = message.strip().split("\n", 1)[0] + " [...]"
+            lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {message}")
             lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
             if f.also_failed:
                 who = "rank" if len(f.also_failed) == 1 else "ranks"
@@ -162,8 +173,10 @@ class RunResult:
                 who = "rank" if len(f.victims) == 1 else "ranks"
                 lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because rank "
                              f"{f.rank} failed")
-            if f.traceback:
-                lines.append("traceback of rank %d:" % f.rank)
+            if f.traceback and traceback_shown:
+                lines.append(f"traceback of rank {f.rank}: shown above")
+            elif f.traceback:
+                lines.append(f"traceback of rank {f.rank}:")
                 lines.extend("  " + t for t in f.traceback.rstrip().splitlines())
         if self.hang:
             h = self.hang
@@ -175,7 +188,9 @@ class RunResult:
                 lines.append(f"  rank {rank} waits at {where}{call}{mark}{src}")
             for rank, code in h.exited.items():
                 lines.append(f"  rank {rank} had already exited (code {code})")
-        return "\n".join(lines)
+        # torch's build paths in error messages, as the display shows them; the JSON
+        # summary and the logs keep the messages as they were raised.
+        return runfiles.shorten_build_paths("\n".join(lines))
 
     def __str__(self) -> str:
         return self.summary()

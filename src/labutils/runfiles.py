@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 # Environment variables the launcher sets for the agent and therefore for every rank.
@@ -127,9 +128,41 @@ def short_path(path: str) -> str:
 
 def shorten_traceback_paths(text: str) -> str:
     """Every 'File "..."' of a traceback or stack dump through short_path()."""
-    import re
-
     return re.sub(r'File "([^"]+)"', lambda m: f'File "{short_path(m.group(1))}"', text)
+
+
+# A C/C++ source path of the machine torch was built on, as torch's and gloo's error
+# messages quote it: /__w/pytorch/pytorch/torch/csrc/.../ProcessGroupGloo.cpp:123 or
+# /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553. The part from
+# the source tree's top folder on says where to look; the build machine's prefix does not.
+_BUILD_TREE_TOPS = "torch|aten|c10|caffe2|third_party|functorch"
+_SOURCE_SUFFIXES = "c|cc|cpp|cxx|cu|cuh|h|hpp|hh|inl"
+_SEGMENT = r"[^\s/:\"'\[\]()<>]+"
+_BUILD_PATH_RE = re.compile(
+    # an absolute path (not the tail of a longer one), its prefix up to the first top
+    # folder of torch's source tree, then the rest, ending in a C/C++ suffix
+    rf"(?<![\w./-])/(?:{_SEGMENT}/)*?(?=(?:{_BUILD_TREE_TOPS})/)"
+    rf"((?:{_SEGMENT}/)*{_SEGMENT}\.(?:{_SOURCE_SUFFIXES}))(?![\w.])"
+    # any other path in GitHub Actions' workspace (/__w/<repo>/<repo>/...)
+    rf"|(?<![\w./-])/__w/(?:{_SEGMENT}/){{0,2}}"
+)
+
+
+def shorten_build_paths(text: str) -> str:
+    """torch's build-machine paths in error messages cut to the source tree's part:
+    ``[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]`` becomes
+    ``[.../third_party/gloo/gloo/transport/tcp/pair.cc:553]``."""
+    if "/" not in text:
+        return text
+    return _BUILD_PATH_RE.sub(lambda m: ".../" + (m.group(1) or ""), text)
+
+
+def shorten_paths(text: str) -> str:
+    """What a learner reads of any output line: traceback paths through short_path()
+    and torch's build paths through shorten_build_paths(). Log files keep the original."""
+    if 'File "' in text:
+        text = shorten_traceback_paths(text)
+    return shorten_build_paths(text)
 
 
 def encode_event(event: dict) -> bytes:
