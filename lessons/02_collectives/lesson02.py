@@ -216,11 +216,11 @@ def busbw_ratio(series: dict, name: str, reference: str, size: int) -> float:
 # ------------------------------------------------------------------ 6. on a wire
 
 LINK_LOAD = {  # bytes the busiest link carries one after the other, as a multiple of the data
-    "library": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
-    "ring": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
-    "pipelined ring": ("2(n-1)/n: sent while receiving", lambda n: 2 * (n - 1) / n),
-    "naive ring": ("n-1: sent while receiving", lambda n: n - 1),
-    "reduce+broadcast": ("2(n-1): root receives all, then sends", lambda n: 2 * (n - 1)),
+    "library": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
+    "ring": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
+    "pipelined ring": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
+    "naive ring": ("n-1", lambda n: n - 1),
+    "reduce+broadcast": ("(n-1) in, then (n-1) out", lambda n: 2 * (n - 1)),
 }
 
 
@@ -236,7 +236,7 @@ def wire_predictions(records: Iterable[dict], *, link_Bps: float, world_size: in
 
 def wire_table(records: Iterable[dict], *, link_Bps: float, world_size: int) -> str:
     """At the largest size: bytes each rank's link carried (counted on the interface) and
-    the time the link rate predicts from them, against the time measured."""
+    the time the link rate predicts from the busiest link's load, against the time measured."""
     recs = [r for r in records if "algorithm" in r]
     biggest = max(r["nbytes"] for r in recs)
     predicted = wire_predictions(recs, link_Bps=link_Bps, world_size=world_size)
@@ -245,15 +245,17 @@ def wire_table(records: Iterable[dict], *, link_Bps: float, world_size: int) -> 
         if r["nbytes"] != biggest:
             continue
         pred, measured = predicted[r["algorithm"]]
+        formula, load = LINK_LOAD[r["algorithm"]]
         sent = _ratios(b / biggest for b in r["link_sent"]) if "link_sent" in r else "not counted"
-        rows.append([r["algorithm"], sent, LINK_LOAD[r["algorithm"]][0], _num(pred * 1e3),
+        rows.append([r["algorithm"], sent, f"{formula} = {load(world_size):g}", _num(pred * 1e3),
                      _num(measured * 1e3), f"{measured / pred:.2f}",
                      f"{busbw(biggest, measured, collective='all_reduce', world_size=world_size) / link_Bps:.2f}"])
-    return (f"{format_bytes(biggest)} on {world_size} hosts; link {_num(link_Bps / 1e6)} MB/s "
-            f"each way; busbw factor {busbw_factor('all_reduce', world_size):g}\n"
-            + text_table(["algorithm", "sent on the link / data, rank 0 1 ...",
-                          "busiest link carries (x data)", "predicted (ms)", "measured (ms)",
-                          "measured / predicted", "busbw / link"], rows, right=[3, 4, 5, 6]))
+    ranks = " ".join(map(str, range(world_size)))
+    return (f"{format_bytes(biggest)} on {world_size} hosts, link {_num(link_Bps / 1e6)} MB/s each way; "
+            "times in ms\n"
+            + text_table(["algorithm", f"sent / data, rank {ranks}", "busiest link (x data)",
+                          "predicted", "measured", "measured / predicted", "busbw / link"],
+                         rows, right=[3, 4, 5, 6]))
 
 
 # ------------------------------------------------------------------ 7. exercises

@@ -104,14 +104,12 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *, traffic: Counter | None
 
 def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, *, segment_bytes: int = 2**20,
                               traffic: Counter | None = None) -> torch.Tensor:
-    """ring_all_reduce with every chunk cut into segments, several of them in flight.
+    """ring_all_reduce with every chunk cut into S segments, several of them in flight.
 
-    The ring's 2(n-1) steps become 2(n-1)·S transfers of one segment each (S segments
-    per chunk, transfer k = step·S + segment). Transfer k sends the segment that
-    transfer k-S brought in, so it starts as soon as that one has arrived and been
-    added: up to S transfers are on the wire while this rank adds. On CPU (gloo) each
-    receive is also posted one step before its data is due, because gloo sends only
-    once the receiver has announced the receive.
+    Transfer k = step·S + segment sends what transfer k-S brought in, so it starts once
+    that one has arrived and been added, while up to S transfers are on the wire. On CPU
+    (gloo, which sends once the receiver has announced the receive) every receive is
+    also posted one step before its data is due.
 
     Args:
         tensor: a contiguous tensor, the same shape on every rank.
