@@ -509,8 +509,9 @@ def plot_scaling(
         step_seconds: {"strong": {ranks: seconds per step}, "weak": {...}}; either
             key may be left out; each needs ranks = 1.
         title: the figure title.
-        predicted: a model's seconds per step, same shape (ranks = 1 not needed),
-            drawn dotted with crosses; its efficiency divides the same measured T1.
+        predicted: a model's seconds per step, same shape, drawn dotted with crosses
+            from the measured baseline (a prediction for 1 rank is not drawn: T1 is
+            measured); its efficiency divides the same measured T1.
         xlabel: what the x axis counts (e.g. "hosts (1 rank each)").
 
     Returns:
@@ -550,11 +551,12 @@ def plot_scaling(
             ax_e.annotate(f"{e:.0%}", (n, e), textcoords="offset points",
                           xytext=(0, 6 if kind == "strong" else -13), ha="center", fontsize=8,
                           color=line.get_color())
-        if kind in predicted:
-            pn = sorted(predicted[kind])
-            ax_t.plot(pn, [predicted[kind][n] * 1e3 for n in pn], "x:", color=line.get_color(),
+        if kind in predicted:  # drawn from the measured baseline at 1 rank
+            model = {**predicted[kind], 1: t1}
+            pn = sorted(model)
+            ax_t.plot(pn, [model[n] * 1e3 for n in pn], "x:", color=line.get_color(),
                       label=f"{kind}: predicted")
-            ax_e.plot(pn, [t1 / (n * predicted[kind][n]) if kind == "strong" else t1 / predicted[kind][n]
+            ax_e.plot(pn, [t1 / (n * model[n]) if kind == "strong" else t1 / model[n]
                            for n in pn], "x:", color=line.get_color(), label=f"{kind}: predicted")
     ns_all = sorted({n for times in step_seconds.values() for n in times})
     for ax in (ax_t, ax_e):
