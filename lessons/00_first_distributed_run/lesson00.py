@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from labutils import selfcheck
+from labutils.runfiles import shorten_paths
 
 
 def readable_command(command: Sequence[str]) -> str:
@@ -26,9 +27,13 @@ def readable_command(command: Sequence[str]) -> str:
 
 
 def last_line(text: str) -> str:
-    """The last non-empty line of a rank's output: for a traceback, the exception."""
+    """The last non-empty line of a rank's output: for a traceback, the exception.
+
+    Paths of torch's build machine in the message (gloo quotes its source file) are
+    cut as the launcher's display cuts them.
+    """
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else "(nothing)"
+    return shorten_paths(lines[-1]) if lines else "(nothing)"
 
 
 # The self-check: question -> (expected answer, hint shown for a wrong answer).
