@@ -167,6 +167,26 @@ def test_blocking_ring_deadlocks_and_is_diagnosed(runs_dir):
     assert result.hang.stragglers == []
 
 
+@pytest.mark.slow
+def test_ring_bench_counts_each_hosts_link_bytes_on_a_virtual_cluster(runs_dir):
+    from labutils.cluster import virtual_cluster
+
+    size = 4 * 2**20  # 3 hosts: chunks of 1.4 MB, so the pipelined ring sends 2 segments each
+    with virtual_cluster(3, link="400mbit") as cluster:
+        if cluster.mode != "namespaces":
+            pytest.skip(f"virtual cluster on loopback here: {cluster.reason}")
+        result = cluster.launch(LESSON02 / "ring_bench.py", nproc=1, display="none", timeout=240,
+                                args=["--skip-checks", "--min-bytes", str(size), "--max-bytes",
+                                      str(size), "--iters", "1", "--link-iface", *cluster.interfaces])
+    assert result.ok, result.summary()
+    sent = {r["algorithm"]: [b / size for b in r["link_sent"]] for r in result.records}
+    expected = {"library": [4 / 3] * 3, "ring": [4 / 3] * 3, "pipelined ring": [4 / 3] * 3,
+                "naive ring": [2] * 3, "reduce+broadcast": [2, 1, 1]}
+    assert sent.keys() == expected.keys()
+    for name, factors in expected.items():  # headers and barriers add a little, never less
+        assert all(f <= got <= 1.02 * f for got, f in zip(sent[name], factors)), (name, sent[name])
+
+
 def test_check_ring_bytes_reports_wrong_formula(lesson_modules, capsys):
     (lesson02,) = lesson_modules(LESSON02, "lesson02")
     records = [{"rank": r, "traffic": "ring", "group_size": 3, "data_bytes": 4004,
