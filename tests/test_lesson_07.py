@@ -140,3 +140,58 @@ def test_tensor_parallel_mlp_equals_the_unsplit_one(runs_dir, lesson07):
         assert rec["trap_grad_ratio"] == pytest.approx(2.0)
     for rec in (r for r in result.records if r["part"] == "library"):
         assert rec["verdict"] == "equal (assert_close)" and rec["forward_collectives"] == {"all_reduce": 1}
+
+
+def _wire_records(sent_ddp=100, sent_fsdp=190):
+    """Synthetic fsdp_wire.py records: 2 ranks, 2 timed steps, P = 200 bytes."""
+    calls = [{"op": "all_gather_single", "nbytes": 200, "s": 0.010},
+             {"op": "reduce_scatter_single", "nbytes": 200, "s": 0.020}]
+    recs = [{"part": "wire model", "rank": r, "parameter_bytes": 200} for r in (0, 1)]
+    for step in (2, 3):
+        for rank in (0, 1):
+            recs += [{"part": "wire step", "rank": rank, "way": "compute only", "step": step,
+                      "step_s": 0.010, "sent": 0, "calls": []},
+                     {"part": "wire step", "rank": rank, "way": "DDP", "step": step,
+                      "step_s": 0.030 + 0.002 * rank, "sent": sent_ddp, "calls": []},
+                     {"part": "wire step", "rank": rank, "way": "FSDP2", "step": step,
+                      "step_s": 0.050, "sent": sent_fsdp, "calls": calls}]
+    return recs
+
+
+def test_wire_summary_prices_calls_and_takes_the_slower_rank(lesson07):
+    fractions = {"all_reduce": 1.0, "all_gather_single": 0.5, "reduce_scatter_single": 1.0}
+    summary = lesson07.wire_summary(_wire_records(), sent_fraction=fractions, link_bps=8_000)
+    ddp, fsdp = summary["DDP"], summary["FSDP2"]
+    assert ddp["formula"] == 200 and fsdp["formula"] == 0.5 * 200 + 1.0 * 200
+    assert ddp["step_s"] == pytest.approx(0.032)           # the slower rank, median over steps
+    assert fsdp["wire_s"] == pytest.approx(190 * 8 / 8_000)
+    assert fsdp["inside_s"] == pytest.approx(0.030)
+    assert fsdp["ops"]["reduce_scatter_single"]["wire_s"] == pytest.approx(200 * 8 / 8_000)
+    table = lesson07.wire_bytes_table(summary)
+    assert "1 x all_gather, 1 x reduce_scatter" in table and "compute only" not in table
+    assert "-" in lesson07.wire_time_table(summary).splitlines()[2]  # DDP: no FSDP2 collectives
+
+
+def test_wire_summary_without_a_link(lesson07):
+    recs = [dict(r, sent=None) if r["part"] == "wire step" else r for r in _wire_records()]
+    summary = lesson07.wire_summary(recs, sent_fraction={"all_reduce": 1.0, "all_gather_single": 0.5,
+                                                         "reduce_scatter_single": 1.0}, link_bps=None)
+    assert summary["FSDP2"]["sent"] is None and summary["FSDP2"]["wire_s"] is None
+    assert lesson07.job_bytes_line({}, {}, recs).startswith("no link counters")
+
+
+def test_fsdp_wire_ways_learn_the_same_and_log_their_collectives(runs_dir, lesson07):
+    # on loopback (no --links): no bytes counted, everything else as on the cluster
+    result = launch(LESSON / "fsdp_wire.py", 2, args=["--steps", "1"], display="none",
+                    hang_timeout=90, timeout=300)
+    assert result.ok, result.summary()
+    model = [r for r in result.records if r["part"] == "wire model"]
+    assert len(model) == 2 and all(r["all_to_all_reduce_scatter_ok"] for r in model)
+    checks = {(r["rank"], r["way"]): r["losses"] for r in result.records if r["part"] == "wire check"}
+    assert set(checks.values()) == {"equal (assert_close)"} and len(checks) == 4
+    ops = {r["way"]: sorted(c["op"] for c in r["calls"]) for r in result.records
+           if r["part"] == "wire step" and r["rank"] == 0}
+    assert ops["DDP"] == [] and ops["compute only"] == []
+    assert ops["FSDP2"] == ["all_gather_single"] * 9 + ["reduce_scatter_single"] * 5
+    assert ops["FSDP2, all-to-all reduce-scatter"] == ["all_gather_single"] * 9 + ["all_to_all_single"] * 5
+    assert all(r["sent"] is None for r in result.records if r["part"] == "wire step")
