@@ -5,6 +5,7 @@ rank scripts do not import this.
 
 from __future__ import annotations
 
+import math
 import shlex
 import shutil
 import statistics
@@ -35,6 +36,22 @@ def trace_file(name: str) -> str:
     return f"{path} ({path.stat().st_size / 1e6:.1f} MB)"
 
 
+def trace_overlap(name: str) -> str:
+    """From rank 0's Chrome trace: gloo:all_reduce events per profiled step, and in how
+    many steps one of them started before that step's backward ended."""
+    import json
+
+    events = json.loads((FILES / name / "ddp_step_rank0.json").read_text())["traceEvents"]
+    backward = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "backward")
+    starts = [e["ts"] for e in events if e.get("name") == "gloo:all_reduce"]
+    per_step = [[t for t in starts if lo <= t < (backward[i + 1][0] if i + 1 < len(backward) else math.inf)]
+                for i, (lo, _) in enumerate(backward)]
+    early = sum(any(t < end for t in ts) for ts, (_, end) in zip(per_step, backward))
+    counts = sorted({len(ts) for ts in per_step})
+    return (f"gloo:all_reduce events per profiled step: {', '.join(map(str, counts))}\n"
+            f"steps in which an all_reduce started before backward ended: {early} of {len(backward)}")
+
+
 def batchnorm_table(run) -> str:
     """Per mode and rank: BatchNorm output, running statistics and gradients against
     BatchNorm on the whole batch in one process (ok: within 1e-5), and whether the
@@ -55,23 +72,6 @@ def batchnorm_table(run) -> str:
                        "ranks' stats identical", "error"], rows)
 
 
-def scaling_reading(runs: dict[int, list[dict]], seconds: dict[str, dict[int, float]]) -> str:
-    """The measured efficiencies next to what this machine's cores allow at best: with
-    c cores and n one-thread ranks, n > c ranks share cores, so the ranks can go at
-    most c/n as fast as with a core each (an upper bound, before any communication)."""
-    cores = min(r["cores"] for recs in runs.values() for r in recs)
-    lines = [f"cores these runs could use: {cores}"]
-    for n in sorted(seconds["strong"]):
-        if n == 1:
-            continue
-        bound = min(1.0, cores / n)
-        strong = seconds["strong"][1] / (n * seconds["strong"][n])
-        weak = seconds["weak"][1] / seconds["weak"][n]
-        lines.append(f"{n} ranks: at most {bound:.0%} from the cores alone; measured strong "
-                     f"{strong:.0%}, weak {weak:.0%}")
-    return "\n".join(lines)
-
-
 def _tiny_problem(seed: int = 0):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -79,18 +79,18 @@ def _tiny_problem(seed: int = 0):
     return model, x, y
 
 
-def autocast_dtypes() -> str:
-    """What runs in bfloat16 under torch.autocast("cpu"), and what stays float32."""
-    model, x, y = _tiny_problem()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        hidden = model[0](x)
-        out = model(x)
-        loss = nn.functional.cross_entropy(out, y)
-    loss.backward()
-    rows = [["Linear output (matmul)", hidden.dtype], ["model output", out.dtype],
-            ["cross_entropy loss", loss.dtype], ["parameters", model[0].weight.dtype],
-            ["gradients", model[0].weight.grad.dtype]]
-    return text_table(["tensor", "dtype"], [[name, str(d).replace("torch.", "")] for name, d in rows])
+def dtype_table(x: torch.Tensor, hidden: torch.Tensor, outputs: dict[str, torch.Tensor],
+                linear: nn.Linear) -> str:
+    """What each operation returned under autocast: the Linear's input and output, then
+    each op applied to that output; last the Linear's parameter and its gradient."""
+    def name(dtype: torch.dtype) -> str:
+        return str(dtype).replace("torch.", "")
+
+    rows = [["Linear (a matmul)", name(x.dtype), name(hidden.dtype)]]
+    rows += [[op, name(hidden.dtype), name(out.dtype)] for op, out in outputs.items()]
+    rows += [["Linear's weight (a parameter)", "", name(linear.weight.dtype)],
+             ["its gradient, after backward", "", name(linear.weight.grad.dtype)]]
+    return text_table(["operation under CPU autocast", "input dtype", "output dtype"], rows)
 
 
 def clip_order(max_norm: float = 1.0, init_scale: float = 2.0 ** 16) -> str:
@@ -131,34 +131,99 @@ def profile_reading(records: list[dict]) -> str:
                       right=list(range(1, 9)))
 
 
-def step_seconds(runs: dict[int, list[dict]]) -> dict[str, dict[int, float]]:
-    """{"strong": {n: s}, "weak": {n: s}} from the scaling runs' records (median over
-    ranks: every rank waits for the slowest in each all-reduce anyway)."""
-    return {kind: {n: statistics.median(r[f"{kind}_s"] for r in recs) for n, recs in runs.items()}
-            for kind in ("strong", "weak")}
+# ------------------------------------------------------------------------- scaling
+MODES = ("strong", "weak")
 
 
-def scaling_table(seconds: dict[str, dict[int, float]]) -> str:
+def link_bps(cluster) -> float:
+    """The cluster's link rate as measured (bits/s); NaN when there is no shaped link
+    (one host, or loopback mode): then the model has no wire to predict from."""
+    return cluster.link["measured_bps"] if cluster.link else math.nan
+
+
+def scaling_points(runs: dict) -> dict[int, dict]:
+    """Per host count, from scaling.py's records: each mode's step (median over ranks)
+    and compute (the slowest rank's: in a synchronous step every rank waits for it),
+    the all-reduces alone (median over ranks), the gradients' bytes and the batch."""
+    points = {}
+    for hosts, run in sorted(runs.items()):
+        if not run.ok:
+            raise RuntimeError(f"the {hosts}-host scaling run failed: {run.headline()}")
+        recs = run.records
+        point = {f"{m}_step_s": statistics.median(r[f"{m}_step_s"] for r in recs) for m in MODES}
+        point.update({f"{m}_compute_s": max(r[f"{m}_compute_s"] for r in recs) for m in MODES})
+        point.update(alpha_s=statistics.median(r["tiny_allreduce_s"] for r in recs),
+                     allreduce_s=statistics.median(r["grad_allreduce_s"] for r in recs),
+                     grad_bytes=recs[0]["grad_bytes"], batch=recs[0]["batch"])
+        points[hosts] = point
+    return points
+
+
+def _eff(mode: str, t1: float, hosts: int, tn: float) -> float:
+    return t1 / (hosts * tn) if mode == "strong" else t1 / tn
+
+
+def allreduce_table(points: dict, predicted: dict[int, float]) -> str:
+    """The gradients' all-reduce alone: bytes each host sends, the model, the measurement."""
     rows = []
-    for n in sorted(seconds["strong"]):
-        s1, w1 = seconds["strong"][1], seconds["weak"][1]
-        sn, wn = seconds["strong"][n], seconds["weak"][n]
-        rows.append([n, f"{sn * 1e3:.1f}", f"{s1 / (n * sn):.0%}", f"{wn * 1e3:.1f}",
-                     f"{w1 / wn:.0%}", f"{n * 64 / wn:.0f}"])
-    return text_table(["ranks", "strong: ms/step", "strong eff.", "weak: ms/step", "weak eff.",
-                       "weak: samples/s"], rows, right=[0, 1, 2, 3, 4, 5])
+    for hosts, p in points.items():
+        if hosts == 1:
+            continue
+        sent = 2 * (hosts - 1) / hosts * p["grad_bytes"]
+        rows.append([hosts, f"{sent / 2**20:.2f}", f"{p['alpha_s'] * 1e3:.2f}",
+                     f"{predicted[hosts] * 1e3:.1f}", f"{p['allreduce_s'] * 1e3:.1f}"])
+    return text_table(["hosts", "each host sends (MiB)", "one-float call (ms)", "model (ms)",
+                       "measured (ms)"], rows, right=[0, 1, 2, 3, 4])
+
+
+def scaling_table(points: dict, predicted: dict[str, dict[int, float]]) -> str:
+    """Per mode and host count: compute, the model's step and the measured one, and both
+    efficiencies (each divides the same measured one-host step)."""
+    rows = []
+    for mode in MODES:
+        t1 = points[1][f"{mode}_step_s"]
+        for hosts, p in points.items():
+            step, model = p[f"{mode}_step_s"], predicted[mode][hosts]
+            batch = p["batch"] // hosts if mode == "strong" else p["batch"]
+            effs = (["baseline", "100%"] if hosts == 1 else
+                    [f"{_eff(mode, t1, hosts, model):.0%}", f"{_eff(mode, t1, hosts, step):.0%}"])
+            rows.append([mode, hosts, batch, f"{p[f'{mode}_compute_s'] * 1e3:.1f}",
+                         f"{model * 1e3:.1f}", f"{step * 1e3:.1f}", *effs])
+    return text_table(["mode", "hosts", "batch per rank", "compute (ms)", "step, model (ms)",
+                       "step, measured (ms)", "efficiency, model", "efficiency, measured"],
+                      rows, right=[1, 2, 3, 4, 5, 6, 7])
+
+
+def scaling_claims(points: dict, allreduce_predicted: dict[int, float],
+                   predicted: dict[str, dict[int, float]], *, tolerance: float = 0.2) -> str:
+    """The section's claims, each a True/False line with the margin it allows."""
+    many = [n for n in points if n > 1]
+    ring_ok = all(abs(points[n]["allreduce_s"] / allreduce_predicted[n] - 1) <= 0.15 for n in many)
+    growth = points[4]["allreduce_s"] / points[2]["allreduce_s"]
+    model_ok = all(abs(_eff(m, points[1][f"{m}_step_s"], n, points[n][f"{m}_step_s"]) /
+                       _eff(m, points[1][f"{m}_step_s"], n, predicted[m][n]) - 1) <= tolerance
+                   for m in MODES for n in many)
+    effs = {m: {n: _eff(m, points[1][f"{m}_step_s"], n, points[n][f"{m}_step_s"]) for n in many}
+            for m in MODES}
+    return "\n".join([
+        f"the gradients' all-reduce alone is within 15% of the ring model at 2 and 4 hosts: {ring_ok}",
+        "it grows from 2 to 4 hosts as 2(n-1)/n does, 1 to 1.5 (measured ratio between 1.3 and "
+        f"1.7): {1.3 <= growth <= 1.7}",
+        f"measured efficiencies within {tolerance:.0%} of the model's, strong and weak, 2 and 4 "
+        f"hosts: {model_ok}",
+        "strong scaling efficiency below weak at 2 and 4 hosts (same all-reduce, less compute "
+        f"per rank): {all(effs['strong'][n] < effs['weak'][n] for n in many)}",
+        "efficiency falls from 2 to 4 hosts, strong and weak: "
+        f"{all(effs[m][4] < effs[m][2] for m in MODES)}",
+    ])
+
+
+def scaling_seconds(points: dict) -> dict[str, dict[int, float]]:
+    """{"strong": {hosts: step seconds}, "weak": {...}} for viz.plot_scaling."""
+    return {m: {n: p[f"{m}_step_s"] for n, p in points.items()} for m in MODES}
 
 
 # ------------------------------------------------------------------ beyond one machine
-def hosts_line(hosts) -> str:
-    """Which kind of "two machines" this run gets, in one line (addresses are this host's)."""
-    if hosts.mode == "namespaces":
-        return (f"mode: namespaces. node 0 = {hosts.addresses[0]} (the notebook's network), "
-                f"node 1 = {hosts.addresses[1]} in network namespace {hosts.namespace}, "
-                f"joined by the veth pair {hosts.interfaces[0]} <-> {hosts.interfaces[1]}")
-    return f"mode: loopback. {hosts.reason}"
-
-
 def rank_node_table(records: list[dict]) -> str:
     """Per rank: the node it ran on (GROUP_RANK), LOCAL_RANK, and the rule torchrun's static
     rendezvous numbers ranks by (node rank x ranks per node + local rank)."""
@@ -187,19 +252,19 @@ def ring_bytes_per_direction(records: list[dict]) -> int:
     return first["steps"] * first["payload_bytes"] * 2 * (n - 1) // n
 
 
-def bytes_crossed(hosts, before: dict, after: dict, records: list[dict]) -> str:
-    """The veth pair's byte counters over the run against the ring all-reduce's payload."""
+def bytes_crossed(cluster, before: dict, after: dict, records: list[dict]) -> str:
+    """Host 0's link counters over the run against the ring all-reduce's payload."""
     first = records[0]
     n, mib = first["world_size"], first["payload_bytes"] / 2**20
     expected = ring_bytes_per_direction(records)
     lines = [f"payload: {first['steps']} all_reduce calls of {mib:g} MiB on {n} ranks; each rank "
              f"sends 2(n-1)/n x {mib:g} MiB = {2 * (n - 1) / n * mib:g} MiB per call",
-             f"expected across the cable, each direction: {expected:,} bytes "
+             f"expected across the link, each direction: {expected:,} bytes "
              f"({expected / 2**20:.2f} MiB)"]
-    if hosts.mode != "namespaces":
-        return "\n".join(lines + ["measured: nothing to count, both nodes shared this machine's "
-                                   "loopback (run as root to get namespaces and a veth pair)"])
-    for what, key in (("node 0 -> node 1", "tx_bytes"), ("node 1 -> node 0", "rx_bytes")):
+    if cluster.mode != "namespaces":
+        return "\n".join(lines + ["measured: nothing to count, both hosts shared this machine's "
+                                   "loopback (run as root to get network namespaces and links)"])
+    for what, key in (("host 0 -> host 1", "tx_bytes"), ("host 1 -> host 0", "rx_bytes")):
         got = after[key] - before[key]
         lines.append(f"measured {what}: {got:,} bytes ({got / 2**20:.2f} MiB), "
                      f"{got / expected - 1:+.1%} over the payload")
@@ -209,13 +274,50 @@ def bytes_crossed(hosts, before: dict, after: dict, records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def interfaces_used(records: list[dict]) -> str:
-    """Which interface each node's ranks were told to use (GLOO_SOCKET_IFNAME)."""
+def bytes_claim(cluster, before: dict, after: dict, records: list[dict]) -> str:
+    """Whether each direction of host 0's link carried the ring's share, plus at most 3%
+    of packet headers and set-up (and never less)."""
+    if cluster.mode != "namespaces":
+        return "no link to count on loopback"
+    expected = ring_bytes_per_direction(records)
+    ok = all(1.0 <= (after[k] - before[k]) / expected <= 1.03 for k in ("tx_bytes", "rx_bytes"))
+    return ("each direction of host 0's link carried one rank's ring share, 2(n-1)/n of the "
+            f"payload per call, plus under 3%: {ok}")
+
+
+def interfaces_used(records: list[dict], cluster) -> str:
+    """Per node: whether the launcher pointed gloo (GLOO_SOCKET_IFNAME) at that host's own
+    link; on loopback, the value it set."""
     by_node: dict[int, set[str]] = {}
     for r in records:
         by_node.setdefault(r["group_rank"], set()).add(r["ifname"] or "(unset: gloo's own choice)")
-    return "\n".join(f"node {node}: GLOO_SOCKET_IFNAME={', '.join(sorted(names))}"
-                     for node, names in sorted(by_node.items()))
+    if cluster.mode != "namespaces":
+        return "\n".join(f"node {node}: GLOO_SOCKET_IFNAME={', '.join(sorted(names))}"
+                         for node, names in sorted(by_node.items()))
+    return "\n".join(f"node {node}: GLOO_SOCKET_IFNAME names host {node}'s own link: "
+                     f"{names == {cluster.interfaces[node]}}" for node, names in sorted(by_node.items()))
+
+
+def refused_loopback(run) -> str:
+    """For a run with GLOO_SOCKET_IFNAME=lo: whether it failed to start, and whether a
+    rank's error says it was refused at 127.0.0.1 (its own machine)."""
+    refused = [r.rank for r in run.ranks
+               if "Connection refused" in r.stderr and "remote=[127.0.0.1]" in r.stderr]
+    return "\n".join([
+        f"the job got past init_process_group: {any('sum' in rec for rec in run.records)}",
+        f"a rank was refused connecting to 127.0.0.1, its own machine: {bool(refused)}",
+    ])
+
+
+def first_error(run) -> str:
+    """The first rank's 'connectFullMesh failed' line, build paths shortened."""
+    from labutils.runfiles import shorten_build_paths
+
+    for r in run.ranks:
+        for line in r.stderr.splitlines():
+            if line.startswith("RuntimeError") and "connectFullMesh" in line:
+                return f"rank {r.rank}: {shorten_build_paths(line)}"
+    return "no rank raised connectFullMesh's error"
 
 
 def node_commands(script: str, *, nnodes: int, nproc: int, endpoint: str, rdzv_id: str,

@@ -1,49 +1,87 @@
-"""Time per training step at this world size, for strong and weak scaling.
+"""Strong and weak scaling at this world size: the time of a DDP step with and without
+its all-reduce, and the time of the all-reduce alone.
 
-    torchrun --nproc-per-node N scaling.py        # N = 1, 2, 4
+    torchrun --nproc-per-node 1 --nnodes N ... scaling.py [BATCH]   # one rank per host
 
-strong: the global batch stays 256 samples, split over the ranks (256/N each);
-weak:   every rank keeps 64 samples, so the global batch grows with N.
-Each rank uses one thread, so N ranks ask for N cores. Reported: the median step time
-over 8 timed steps (after 2 warm-up steps) for each mode, and the cores this
-process may run on.
+strong: the global batch stays BATCH samples (default 2048), split over the ranks;
+weak:   every rank keeps BATCH samples (the 1-rank problem), so the global batch
+        grows with the ranks. At 1 rank the two are the same problem.
+
+DDP gets one bucket for all 4 MiB of gradients (bucket_cap_mb above the model's size):
+its single all-reduce starts when backward has finished, nothing overlaps, and a step
+is compute + all-reduce. Steps alternate between a normal DDP step and the same step
+inside ddp.no_sync() (no all-reduce: the compute alone), so both see the same load;
+the medians are reported. Then the all-reduce alone: one float (the cost of a call,
+bytes aside) and the gradients' size. Each rank uses one thread.
 """
 
 import os
 import statistics
+import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labutils.dist import init, report
 
+BATCH = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+STEPS, WARMUP = 6, 2
+
 rank, world_size, device = init()
 torch.set_num_threads(1)
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                      nn.Linear(1024, 10)).to(device)
-ddp = DDP(model)
+model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(),
+                      nn.Linear(512, 10)).to(device)
+grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+ddp = DDP(model, bucket_cap_mb=2 * grad_bytes / 2**20)  # one bucket: no overlap
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
 
-def median_step_seconds(per_rank_batch: int, timed_steps: int = 8, warmup: int = 2) -> float:
+def step(x, y) -> None:
+    nn.functional.cross_entropy(ddp(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def measure(per_rank_batch: int) -> tuple[float, float]:
+    """Median seconds of a DDP step and of the same step under no_sync (compute only)."""
     x = torch.randn(per_rank_batch, 512, device=device)
     y = torch.randint(0, 10, (per_rank_batch,), device=device)
-    times = []
-    for i in range(warmup + timed_steps):
-        torch.distributed.barrier()
+    with_comm, compute = [], []
+    for i in range(WARMUP + STEPS):
+        for sync, times in ((True, with_comm), (False, compute)):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if sync:
+                step(x, y)
+            else:
+                with ddp.no_sync():  # forward and backward inside: no all-reduce
+                    step(x, y)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(with_comm), statistics.median(compute)
+
+
+def allreduce_seconds(numel: int, calls: int) -> float:
+    """Median time of an all_reduce of numel float32 values (after one warm-up call)."""
+    t, times = torch.zeros(numel, device=device), []
+    for i in range(calls + 1):
+        dist.barrier()
         t0 = time.perf_counter()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= warmup:
+        dist.all_reduce(t)
+        if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-strong = median_step_seconds(256 // world_size)
-weak = median_step_seconds(64)
-report(strong_s=strong, weak_s=weak, cores=len(os.sched_getaffinity(0)))
-torch.distributed.destroy_process_group()
+strong_step, strong_compute = measure(BATCH // world_size)
+weak_step, weak_compute = measure(BATCH)
+report(strong_step_s=strong_step, strong_compute_s=strong_compute, weak_step_s=weak_step,
+       weak_compute_s=weak_compute,
+       tiny_allreduce_s=allreduce_seconds(1, calls=20),  # the per-call cost, bytes aside
+       grad_allreduce_s=allreduce_seconds(grad_bytes // 4, calls=4),  # the gradients alone
+       grad_bytes=grad_bytes, batch=BATCH, cores=len(os.sched_getaffinity(0)))
+dist.destroy_process_group()
