@@ -1,5 +1,7 @@
 """Lesson 06: the hand-written synchronised BatchNorm against BatchNorm on the whole
-batch (real torchrun runs at 2 and 4 ranks), and the in-process helpers."""
+batch (real torchrun runs at 2 and 4 ranks), CPU autocast's dtypes, the scaling model
+and its claims (pure, and scaling.py for real on a shaped 2-host cluster), the link
+byte and interface checks, and the other in-process helpers."""
 
 from __future__ import annotations
 
@@ -50,21 +52,149 @@ def test_clip_before_unscale_shrinks_the_update_by_the_scale(lesson06):
     assert float(rows["clip, then step (unscales inside)"][1]) == pytest.approx(0.25 / 2 ** 16, rel=1e-3)
 
 
-def test_autocast_runs_matmuls_in_bfloat16_and_keeps_parameters_float32(lesson06):
-    table = lesson06.autocast_dtypes()
-    assert "Linear output (matmul)  bfloat16" in table
-    assert "parameters              float32" in table and "gradients               float32" in table
+def _autocast_outputs():
+    import torch
+
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16)
+    x, y = torch.randn(16, 16), torch.randint(0, 16, (16,))
+    ops = {"softmax": lambda h: torch.softmax(h, dim=-1), "sum": lambda h: h.sum(),
+           "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
+           "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
+           "cross_entropy": lambda h: F.cross_entropy(h, y), "prod": lambda h: h.prod(),
+           "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = linear(x)
+        outputs = {name: op(hidden) for name, op in ops.items()}
+    outputs["cross_entropy"].backward()
+    return x, hidden, outputs, linear
 
 
-def test_scaling_reading_states_the_core_bound(lesson06):
-    runs = {n: [{"cores": 2, "strong_s": 0.1, "weak_s": 0.1}] for n in (1, 2, 4)}
-    seconds = {"strong": {1: 0.1, 2: 0.05, 4: 0.05}, "weak": {1: 0.1, 2: 0.1, 4: 0.2}}
-    reading = lesson06.scaling_reading(runs, seconds)
-    assert reading.splitlines() == [
-        "cores these runs could use: 2",
-        "2 ranks: at most 100% from the cores alone; measured strong 100%, weak 100%",
-        "4 ranks: at most 50% from the cores alone; measured strong 50%, weak 50%",
-    ]
+def test_cpu_autocast_keeps_softmax_sum_layer_norm_in_the_input_dtype():
+    """The lesson's claim about torch's CPU lists (CUDA's differ): if a torch release
+    moves an op between lists, this fails and the lesson's text must change."""
+    import torch
+
+    x, hidden, outputs, linear = _autocast_outputs()
+    assert (x.dtype, hidden.dtype) == (torch.float32, torch.bfloat16)
+    for op in ("softmax", "log_softmax", "sum", "layer_norm"):
+        assert outputs[op].dtype == torch.bfloat16, op
+    for op in ("cross_entropy", "prod", "linalg.inv"):
+        assert outputs[op].dtype == torch.float32, op
+    assert outputs["fft.rfft"].dtype == torch.complex64
+    assert linear.weight.dtype == linear.weight.grad.dtype == torch.float32
+
+
+def test_dtype_table_lists_input_and_output_per_op(lesson06):
+    table = lesson06.dtype_table(*_autocast_outputs()).splitlines()
+    rows = {line[:29].strip(): line[29:].split() for line in table[2:]}
+    assert rows["Linear (a matmul)"] == ["float32", "bfloat16"]
+    assert rows["softmax"] == ["bfloat16", "bfloat16"]
+    assert rows["cross_entropy"] == ["bfloat16", "float32"]
+    assert rows["its gradient, after backward"] == ["float32"]
+
+
+# ------------------------------------------------------------------ scaling
+class _Run:
+    def __init__(self, records, ok=True):
+        self.records, self.ok = records, ok
+
+    def headline(self):
+        return "run FAILED"
+
+
+def _scaling_records(hosts, compute_ms, allreduce_ms, step_extra_ms=0.0):
+    """Records as scaling.py writes them: compute and step per mode, the all-reduces."""
+    recs = []
+    for rank in range(hosts):
+        weak_c = compute_ms[hosts] / 1e3
+        strong_c = weak_c / hosts
+        comm = allreduce_ms[hosts] / 1e3
+        recs.append({"rank": rank, "weak_compute_s": weak_c, "strong_compute_s": strong_c,
+                     "weak_step_s": weak_c + comm + step_extra_ms / 1e3,
+                     "strong_step_s": strong_c + comm + step_extra_ms / 1e3,
+                     "tiny_allreduce_s": 0.0002, "grad_allreduce_s": comm,
+                     "grad_bytes": 4 * 2**20, "batch": 2048})
+    return recs
+
+
+def _model(points, link_bps=400e6):
+    def ring(n, p):
+        return p["alpha_s"] + 2 * (n - 1) / n * p["grad_bytes"] * 8 / link_bps
+
+    allreduce = {n: ring(n, p) for n, p in points.items()}
+    steps = {m: {n: p[f"{m}_compute_s"] + ring(n, p) for n, p in points.items()}
+             for m in ("strong", "weak")}
+    return allreduce, steps
+
+
+def test_scaling_points_take_the_slowest_ranks_compute_and_refuse_failed_runs(lesson06):
+    recs = _scaling_records(2, {2: 80.0}, {2: 84.0})
+    recs[1]["weak_compute_s"] = 0.1  # the slowest rank: every rank waits for it
+    points = lesson06.scaling_points({2: _Run(recs)})
+    assert points[2]["weak_compute_s"] == 0.1
+    assert points[2]["allreduce_s"] == pytest.approx(0.084)
+    with pytest.raises(RuntimeError, match="2-host scaling run failed"):
+        lesson06.scaling_points({2: _Run(recs, ok=False)})
+
+
+def _claims(lesson06, step_extra_ms=0.0, allreduce_ms=None):
+    wire = 4 * 2**20 * 8 / 400e6 * 1e3  # ms for 4 MiB at 400 Mbit/s
+    allreduce_ms = allreduce_ms or {1: 0.0, 2: wire + 0.2, 4: 1.5 * wire + 0.2}
+    compute = {1: 80.0, 2: 84.0, 4: 160.0}
+    runs = {n: _Run(_scaling_records(n, compute, allreduce_ms,
+                                     step_extra_ms if n > 1 else 0.0)) for n in (1, 2, 4)}
+    points = lesson06.scaling_points(runs)
+    allreduce, steps = _model(points)
+    return points, steps, lesson06.scaling_claims(points, allreduce, steps, tolerance=0.2)
+
+
+def test_scaling_claims_hold_for_a_step_of_compute_plus_ring_allreduce(lesson06):
+    points, steps, claims = _claims(lesson06)
+    assert claims.count(": True") == 5 and "False" not in claims
+    table = lesson06.scaling_table(points, steps)
+    assert "baseline" in table and "efficiency, measured" in table
+
+
+def test_scaling_claims_fail_when_the_step_is_far_from_the_model(lesson06):
+    _, _, claims = _claims(lesson06, step_extra_ms=100.0)  # something the model lacks
+    assert "within 20% of the model's, strong and weak, 2 and 4 hosts: False" in claims
+
+
+def test_scaling_claims_fail_when_the_allreduce_does_not_grow_like_the_ring(lesson06):
+    wire = 4 * 2**20 * 8 / 400e6 * 1e3
+    _, _, claims = _claims(lesson06, allreduce_ms={1: 0.0, 2: wire, 4: wire})  # a tree? a bug?
+    lines = claims.splitlines()
+    assert lines[0].endswith(": False") and lines[1].endswith(": False")
+
+
+def test_allreduce_table_shows_the_ring_bytes_per_host(lesson06):
+    points, _, _ = _claims(lesson06)
+    allreduce, _ = _model(points)
+    rows = lesson06.allreduce_table(points, allreduce).splitlines()[2:]
+    assert [r.split()[:2] for r in rows] == [["2", "4.00"], ["4", "6.00"]]
+
+
+@pytest.mark.timeout(300)
+def test_scaling_script_on_a_shaped_two_host_cluster(runs_dir, lesson06):
+    """scaling.py for real: on 2 hosts whose links are capped, the gradients' all-reduce
+    takes what the ring model says, and a step is about compute + all-reduce."""
+    from labutils.cluster import virtual_cluster
+
+    with virtual_cluster(2, link="400mbit") as cluster:
+        if cluster.mode != "namespaces":
+            pytest.skip(f"virtual cluster on loopback here: {cluster.reason}")
+        run = cluster.launch(LESSON / "scaling.py", 1, args=["512"], display="none",
+                             hang_timeout=60, timeout=240)
+        link = lesson06.link_bps(cluster)
+    point = lesson06.scaling_points({2: run})[2]
+    assert point["batch"] == 512 and point["grad_bytes"] == 4 * (512 * 1024 + 1024 + 1024 * 512 + 512
+                                                                 + 512 * 10 + 10)
+    model = point["alpha_s"] + point["grad_bytes"] * 8 / link
+    assert point["allreduce_s"] == pytest.approx(model, rel=0.2)
+    for mode in ("strong", "weak"):
+        assert point[f"{mode}_step_s"] == pytest.approx(point[f"{mode}_compute_s"] + model, rel=0.25)
 
 
 # ------------------------------------------------------------ beyond one machine
@@ -83,12 +213,72 @@ def test_ring_share_per_direction_is_one_rank_of_2_n_minus_1_over_n(lesson06):
 
 
 def test_bytes_crossed_on_loopback_says_there_is_nothing_to_count(lesson06):
-    from labutils.network import VirtualHosts
+    from labutils.cluster import VirtualCluster
 
-    hosts = VirtualHosts(reason="no root")
-    assert lesson06.hosts_line(hosts) == "mode: loopback. no root"
-    text = lesson06.bytes_crossed(hosts, {}, {}, _two_node_records())
+    cluster = VirtualCluster(hosts=2, mode="loopback", reason="no root")
+    text = lesson06.bytes_crossed(cluster, {}, {}, _two_node_records())
     assert "6,291,456 bytes" in text and "nothing to count" in text
+    assert lesson06.bytes_claim(cluster, {}, {}, _two_node_records()) == "no link to count on loopback"
+
+
+@pytest.mark.parametrize("tx, rx, ok", [(6_328_000, 6_329_000, True), (6_291_456, 6_291_456, True),
+                                        (6_000_000, 6_329_000, False),  # less than the ring's share
+                                        (6_600_000, 6_329_000, False),  # 5% more: not headers
+                                        (12_582_912, 12_582_912, False)])  # the whole tensor twice
+def test_bytes_claim_allows_the_ring_share_plus_headers_only(lesson06, tx, rx, ok):
+    from labutils.cluster import VirtualCluster
+
+    cluster = VirtualCluster(hosts=2, mode="namespaces")
+    before = {"tx_bytes": 1000, "rx_bytes": 2000}
+    after = {"tx_bytes": 1000 + tx, "rx_bytes": 2000 + rx}
+    assert lesson06.bytes_claim(cluster, before, after, _two_node_records()).endswith(f": {ok}")
+
+
+def test_interfaces_used_checks_each_node_against_its_own_link(lesson06):
+    from labutils.cluster import VirtualCluster
+
+    cluster = VirtualCluster(hosts=2, mode="namespaces", interfaces=["luaah0", "luaah1"])
+    records = [dict(r, ifname=f"luaah{r['group_rank']}") for r in _two_node_records()]
+    assert lesson06.interfaces_used(records, cluster).splitlines() == [
+        "node 0: GLOO_SOCKET_IFNAME names host 0's own link: True",
+        "node 1: GLOO_SOCKET_IFNAME names host 1's own link: True"]
+    next(r for r in records if r["group_rank"] == 0)["ifname"] = "lo"
+    assert "host 0's own link: False" in lesson06.interfaces_used(records, cluster)
+
+
+def test_refused_loopback_reads_the_ranks_errors(lesson06):
+    class Rank:
+        def __init__(self, rank, stderr):
+            self.rank, self.stderr = rank, stderr
+
+    class Run:
+        records = []
+        ranks = [Rank(0, ""), Rank(2, "RuntimeError: Gloo connectFullMesh failed with "
+                                      "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                                      "pair.cc:152] timed out connecting: SO_ERROR: Connection "
+                                      "refused, remote=[127.0.0.1]:123")]
+
+    assert lesson06.refused_loopback(Run()).splitlines() == [
+        "the job got past init_process_group: False",
+        "a rank was refused connecting to 127.0.0.1, its own machine: True"]
+    assert lesson06.first_error(Run()).startswith(
+        "rank 2: RuntimeError: Gloo connectFullMesh failed with [.../third_party/gloo/")
+
+
+def test_trace_overlap_counts_steps_whose_allreduce_starts_inside_backward(lesson06, tmp_path,
+                                                                           monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    trace = tmp_path / "runs" / "06_files" / "t" / "ddp_step_rank0.json"
+    trace.parent.mkdir(parents=True)
+    events = [{"name": "backward", "ts": 0, "dur": 100}, {"name": "backward", "ts": 200, "dur": 100},
+              {"name": "gloo:all_reduce", "ts": 50, "dur": 80},   # step 1: inside backward
+              {"name": "gloo:all_reduce", "ts": 310, "dur": 20}]  # step 2: after backward
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert lesson06.trace_overlap("t").splitlines() == [
+        "gloo:all_reduce events per profiled step: 1",
+        "steps in which an all_reduce started before backward ended: 1 of 2"]
 
 
 def test_node_commands_parse_with_the_cli_and_differ_only_in_node_rank(lesson06):
