@@ -104,13 +104,41 @@ def test_the_same_rank_repeating_its_error_after_a_restart_is_folded():
     assert "[rank 1] RuntimeError: the same traceback as its own earlier one above" in err.getvalue()
 
 
+def test_a_warning_repeated_by_other_ranks_is_shown_once():
+    site = ".../site-packages/torch/distributed/c10d_logger.py"
+    warning = [f"{site}:83: FutureWarning: `reduce_scatter_tensor` is deprecated.",
+               "  return func(*args, **kwargs)"]
+    d, _, err = display()
+    for rank in range(3):
+        d.lines(rank, "stderr", warning + [f"rank {rank} goes on"])
+    d.finish(failed_run(0, "x", ""))
+    shown = err.getvalue()
+    assert shown.count("FutureWarning: `reduce_scatter_tensor`") == 1
+    assert ("[rank 1] FutureWarning: the same warning as rank 0's above "
+            "(2 lines, in runs/r1/rank1/stderr.log)\n[rank 1] rank 1 goes on\n") in shown
+    assert "[rank 2] FutureWarning: the same warning as rank 0's above" in shown
+    assert "[rank 0] rank 0 goes on" in shown  # a line after the warning is not part of it
+
+
+def test_lines_after_a_warning_are_never_folded_into_it():
+    d, _, err = display()
+    d.lines(0, "stderr", ["x.py:1: UserWarning: careful", "step 1 loss 0.5"])
+    d.lines(1, "stderr", ["x.py:1: UserWarning: careful", "step 1 loss 0.7"])
+    d.finish(failed_run(0, "x", ""))
+    assert "[rank 1] step 1 loss 0.7" in err.getvalue()
+
+
 def test_build_paths_are_cut_in_every_line_shown():
+    import sys
+
     d, out, err = display()
     d.lines(0, "stdout", [f"caught: {GLOO} Connection reset by peer"])
+    d.lines(1, "stderr", [f"{sys.prefix}/lib/python3.11/site-packages/torch/x.py:8: UserWarning: w"])
     d.lines(0, "stderr", traceback_lines(0))
     shown = out.getvalue() + err.getvalue()
     assert "/__w/" not in shown
     assert "[rank 0] caught: [.../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection" in shown
+    assert "[rank 1] .../site-packages/torch/x.py:8: UserWarning: w" in shown
 
 
 def test_the_summary_refers_to_a_traceback_shown_above():

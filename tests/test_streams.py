@@ -109,3 +109,6 @@ def test_shorten_paths_does_tracebacks_and_build_paths(tmp_path, monkeypatch):
     line = f'  File "{tmp_path}/train.py", line 3, in <module>'
     assert shorten_paths(line) == '  File "train.py", line 3, in <module>'
     assert shorten_paths("[/__w/pytorch/pytorch/torch/csrc/a.cpp:1] x") == "[.../torch/csrc/a.cpp:1] x"
+    warning = f"{tmp_path}/lesson/train.py:12: UserWarning: careful"  # warnings.showwarning
+    assert shorten_paths(warning) == "lesson/train.py:12: UserWarning: careful"
+    assert shorten_paths("see lesson/train.py:12") == "see lesson/train.py:12"

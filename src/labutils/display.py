@@ -11,9 +11,9 @@ papermill, nbval, ``jupyter nbconvert --execute``, a terminal. Each line is
 printed as ``[rank N] line`` so it is saved with the notebook. In a notebook the
 output is bounded: after ``limit`` lines of one rank the rest is counted, not
 shown, and the end of the run shows that rank's last lines and where the
-complete log is. A traceback that repeats one shown before (another rank's, or the
-same rank's in an earlier attempt) is shown as one line that names the rank it
-repeats, and the summary at the end does not print a traceback shown above; torch's
+complete log is. A traceback or a Python warning that repeats one shown before
+(another rank's, or the same rank's in an earlier attempt) is shown as one line that
+names the rank it repeats, and the summary at the end does not print a traceback shown above; torch's
 build paths are cut as machine paths are (runfiles.shorten_paths). The log files
 keep every line as the rank wrote it.
 """
@@ -63,7 +63,10 @@ class Display:
 
 
 TRACEBACK_START = "Traceback (most recent call last):"
+# Python's warnings.showwarning(): "path:line: Category: message", then the source line.
+WARNING_START = re.compile(r"^\S+:\d+: (\w*Warning): ")
 MAX_TRACEBACK_LINES = 400  # a longer block is not compared (it is shown as it comes)
+MAX_MESSAGE_LINES = 40     # lines of an exception's message after its first
 HOLD_S = 1.0  # a possible repeat that stops growing this long is settled at the next tick
 
 
@@ -73,23 +76,52 @@ def _same_key(line: str) -> str:
     return re.sub(r"\d+", "#", line)
 
 
+def _block_kind(line: str) -> str | None:
+    """'traceback' or 'warning' when the line starts one, else None."""
+    if line == TRACEBACK_START:
+        return "traceback"
+    return "warning" if WARNING_START.match(line) else None
+
+
 @dataclass
 class _Block:
-    """A traceback as shown: its rank and its lines, compared with _same_key()."""
+    """A traceback or warning as shown: its rank and its lines, compared with _same_key()."""
 
     rank: int
+    kind: str
     keys: list[str] = field(default_factory=list)
 
     @property
     def exception_at(self) -> int | None:
-        """Index of the exception line: the first line after the frames."""
+        """Index of the line naming the exception (or warning): for a traceback the
+        first line after the frames."""
+        if self.kind == "warning":
+            return 0
         return next((i for i, k in enumerate(self.keys)
                      if i and k and not k[0].isspace()), None)
+
+    def takes(self, line: str) -> bool:
+        """Whether the next line of this rank still belongs to the block: a warning's
+        indented source line; a traceback's frames and its message's lines."""
+        if len(self.keys) >= MAX_TRACEBACK_LINES:
+            return False
+        if self.kind == "warning":
+            return line[:1].isspace()
+        at = self.exception_at
+        return at is None or len(self.keys) - at <= MAX_MESSAGE_LINES
+
+    def name(self, lines: list[str]) -> str:
+        """The exception's or warning's class, from the block's own lines."""
+        first = lines[self.exception_at or 0]
+        if self.kind == "warning":
+            m = WARNING_START.match(first)
+            return m.group(1) if m else "Warning"
+        return first.split(":", 1)[0]
 
 
 @dataclass
 class _Candidate:
-    """A rank's traceback held back while it repeats blocks shown earlier."""
+    """A rank's block held back while it repeats blocks shown earlier."""
 
     lines: list[str]
     matching: list[_Block]
@@ -124,11 +156,11 @@ class TextDisplay(Display):
         self._hidden: dict[int, int] = {}
         self._last: dict[int, list[tuple[str, str]]] = {}
         self._log_dir = ""
-        self._blocks: list[_Block] = []            # tracebacks shown in full
+        self._blocks: list[_Block] = []            # tracebacks and warnings shown in full
         self._open: dict[int, _Block] = {}         # a rank's block still growing
         self._held: dict[int, _Candidate] = {}     # a rank's block that may be a repeat
         self._exception_lines: dict[int, set[str]] = {}  # rank -> exception lines shown
-        self.repeats = 0                           # tracebacks shown as one line
+        self.repeats = 0                           # blocks shown as one line
 
     @property
     def out(self) -> TextIO:
@@ -154,51 +186,52 @@ class TextDisplay(Display):
 
     # ------------------------------------------------------------- repeated tracebacks
     def _stderr_line(self, rank: int, line: str) -> None:
-        key = _same_key(line)
+        key, kind = _same_key(line), _block_kind(line)
         held = self._held.get(rank)
         if held is not None:
             at = len(held.lines)
             still = [b for b in held.matching if at < len(b.keys) and b.keys[at] == key]
-            if still and line != TRACEBACK_START:
+            if still and kind is None:
                 held.lines.append(line)
                 held.matching = still
                 held.since = time.monotonic()
                 return
             self._settle(rank)
-        if line == TRACEBACK_START:
-            self._open.pop(rank, None)
-            earlier = [b for b in self._blocks if b.keys[0] == key]
+        block = self._open.get(rank)
+        if block is not None and (kind is not None or not block.takes(line)):
+            del self._open[rank]
+            block = None
+        if kind is not None:
+            earlier = [b for b in self._blocks if b.kind == kind and b.keys[0] == key]
             if earlier:
                 self._held[rank] = _Candidate([line], earlier)
                 return
-            block = _Block(rank, [key])
+            block = _Block(rank, kind, [key])
             self._blocks.append(block)
             self._open[rank] = block
-        elif rank in self._open:
-            block = self._open[rank]
+        elif block is not None:
             block.keys.append(key)
-            if len(block.keys) >= MAX_TRACEBACK_LINES:
-                del self._open[rank]
         self._write(rank, "stderr", [line])
 
     def _settle(self, rank: int) -> None:
-        """Show a held traceback: one line if it repeats a shown one, else in full."""
+        """Show a held block: one line if it repeats a shown one, else in full."""
         held = self._held.pop(rank)
         same = held.repeats()
         if same is None:
-            block = _Block(rank, [_same_key(ln) for ln in held.lines])
+            kind = _block_kind(held.lines[0]) or "traceback"
+            block = _Block(rank, kind, [_same_key(ln) for ln in held.lines])
             self._blocks.append(block)
             self._open[rank] = block
             self._write(rank, "stderr", held.lines)
             return
-        exception = held.lines[same.exception_at]
-        self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
+        if same.kind == "traceback":
+            exception = held.lines[same.exception_at]
+            self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
         whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
         log = os.path.join(_rel(self._log_dir), f"rank{rank}", "stderr.log")
-        name = exception.split(":", 1)[0]
         self.repeats += 1
-        self._write(rank, "stderr", [f"{name}: the same traceback as {whose} above "
-                                     f"({len(held.lines)} lines, in {log})"])
+        self._write(rank, "stderr", [f"{same.name(held.lines)}: the same {same.kind} as {whose} "
+                                     f"above ({len(held.lines)} lines, in {log})"])
 
     def _settle_all(self, *, idle_s: float = 0.0) -> None:
         now = time.monotonic()
@@ -211,7 +244,7 @@ class TextDisplay(Display):
         first = _same_key(shorten_paths(message.split("\n", 1)[0]))
         shown = set(self._exception_lines.get(rank, ()))
         shown.update(b.keys[b.exception_at] for b in self._blocks
-                     if b.rank == rank and b.exception_at is not None)
+                     if b.rank == rank and b.kind == "traceback" and b.exception_at is not None)
         return any(exc_type in k and first in k for k in shown)
 
     # ------------------------------------------------------------- bounded output

@@ -157,11 +157,19 @@ def shorten_build_paths(text: str) -> str:
     return _BUILD_PATH_RE.sub(lambda m: ".../" + (m.group(1) or ""), text)
 
 
+# A Python file quoted with a line number outside a traceback, as warnings print it:
+# "/x/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: ..."
+_PY_LINE_RE = re.compile(r"(?<![\w./-])(/[^\s:\"'<>()\[\]]+\.py)(?=:\d+)")
+
+
 def shorten_paths(text: str) -> str:
-    """What a learner reads of any output line: traceback paths through short_path()
-    and torch's build paths through shorten_build_paths(). Log files keep the original."""
+    """What a learner reads of any output line: traceback and warning paths through
+    short_path(), torch's build paths through shorten_build_paths(). Log files keep the
+    original."""
     if 'File "' in text:
         text = shorten_traceback_paths(text)
+    if ".py:" in text:
+        text = _PY_LINE_RE.sub(lambda m: short_path(m.group(1)), text)
     return shorten_build_paths(text)
 
 
