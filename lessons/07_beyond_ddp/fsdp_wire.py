@@ -110,7 +110,7 @@ plain = models["compute only"][0]
 probe = torch.randn(world_size * 1000, generator=torch.Generator().manual_seed(rank))
 mine, gloos = torch.empty(1000), torch.empty(1000)
 AllToAllReduceScatter()(mine, probe, dist.group.WORLD, dist.ReduceOp.AVG)
-dist.reduce_scatter_tensor(gloos, probe, op=dist.ReduceOp.AVG)
+dist.reduce_scatter_single(gloos, probe, op=dist.ReduceOp.AVG)
 report(part="wire model", parameter_bytes=sum(p.numel() * p.element_size() for p in plain.parameters()),
        all_to_all_reduce_scatter_ok=torch.allclose(mine, gloos))  # the same average as gloo's
 inside: list[float] = []  # seconds spent inside each collective of the step, in call order
