@@ -303,3 +303,11 @@ def test_compose_node_services_differ_only_in_node_rank(lesson06):
     text = lesson06.compose_node_services()
     assert "hostname: node0" in text and "hostname: node1" in text
     assert text.splitlines()[-1] == "node0 and node1 commands differ only in: word 7: '0' / '1'"
+
+
+def test_show_function_prints_a_scripts_function_or_says_it_is_missing(lesson06, capsys):
+    lesson06.show_function("scaling.py", "measure")
+    shown = capsys.readouterr().out
+    assert shown.startswith("def measure(") and "ddp.no_sync()" in shown
+    with pytest.raises(LookupError, match="no function nothing in scaling.py"):
+        lesson06.show_function("scaling.py", "nothing")

@@ -30,6 +30,18 @@ def fresh_dir(name: str) -> str:
     return str(path)
 
 
+def show_function(file: str, name: str) -> None:
+    """Print the source of the top-level function `name` of one of this lesson's scripts."""
+    import ast
+
+    text = (Path(__file__).parent / file).read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            print(ast.get_source_segment(text, node))
+            return
+    raise LookupError(f"no function {name} in {file}")
+
+
 def trace_file(name: str) -> str:
     """The Chrome trace profile_ddp.py wrote into fresh_dir(name)."""
     path = FILES / name / "ddp_step_rank0.json"
