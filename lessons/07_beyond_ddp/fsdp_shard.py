@@ -17,15 +17,13 @@ Three runs of STEPS Adam steps from the same weights and data:
 
 Per run and rank: the bytes of its parameters, gradients and Adam state (DTensors:
 the local shard), the loss of every step, the collectives of the last step per phase
-(CollectiveLog on all_gather_single / reduce_scatter_single, which FSDP2 calls), and a
-median step time. At the end: each FSDP run's loss curve against DDP's (assert_close
+(CollectiveLog on all_gather_single / reduce_scatter_single, which FSDP2 calls). At the
+end: each FSDP run's loss curve against DDP's (assert_close
 with float32's default tolerances, and bitwise), and its final full weights (bitwise,
 and the largest difference).
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -65,14 +63,13 @@ for name, options in RUNS.items():
         fully_shard(model, mesh=mesh, **options)  # the root: what no block holds
         trained = model
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)  # FSDP: built on the sharded parameters
-    losses, times = [], []
+    losses = []
     with CollectiveLog(["all_gather_single", "reduce_scatter_single"]) as log:
         for step in range(STEPS):
             x, y = (t.to(device) for t in token_batch(rank, step))
             log.calls.clear()
             if buckets:
                 buckets.clear()
-            start = time.perf_counter()
             log.phase = "forward"
             loss = lm_loss(trained(x), y)
             log.phase = "backward"
@@ -82,13 +79,12 @@ for name, options in RUNS.items():
             if step == STEPS - 1:  # the gradients as they are before zero_grad
                 grads = storage_bytes(p.grad for p in model.parameters())
             optimizer.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - start)
             losses.append(loss.item())
     calls = [c.to_json() for c in log.calls]
     if buckets:
         calls += [{"op": "all_reduce", "nbytes": c.nbytes, "phase": "backward", "peer": None} for c in buckets.calls]
     results[name] = {"losses": losses, "weights": full_weights(model)}
-    report(part="run", run=name, losses=losses, step_s=statistics.median(times[1:]),
+    report(part="run", run=name, losses=losses,
            parameters=storage_bytes(model.parameters()), gradients=grads,
            optimizer_state=storage_bytes(optimizer_state_tensors(optimizer.state)),
            parameter_count=sum(p.numel() for p in model.parameters()), calls=calls)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from labutils import selfcheck
 from labutils.tables import text_table
-from labutils.timing import busbw_factor, format_bytes, format_seconds
+from labutils.timing import busbw_factor, format_bytes
 
 # --------------------------------------------------------------------------- generic
 
@@ -149,14 +149,6 @@ def exactness(records: Iterable[dict], *, bitwise_keys: Sequence[str]) -> str:
             bits = ", ".join(f"{k}: {r[k]}" for k in bitwise_keys)
             lines.append(f"{r['run']:>42}: {bits}, max |difference| = {r['max_abs_diff']:.2g}")
     return "\n".join(lines)
-
-
-def step_times(records: Iterable[dict]) -> str:
-    """Median step time per run (the slower rank)."""
-    runs: dict[str, float] = {}
-    for r in _part(records, "run"):
-        runs[r["run"]] = max(runs.get(r["run"], 0.0), r["step_s"])
-    return "\n".join(f"{run:>42}: {format_seconds(s)} per step" for run, s in runs.items())
 
 
 # --------------------------------------------------------------------------- 3. FSDP
@@ -452,11 +444,11 @@ def bubble_rows(records: Iterable[dict]) -> list[dict]:
 def bubble_table(records: Iterable[dict]) -> str:
     """Per micro-batch count and stage: measured idle share and ratio, the formulas, and
     the schedule replayed with the measured compute times (gpipe_replay)."""
-    rows = [[r["micro"], r["rank"], format_seconds(r["step_s"]), f"{r['idle_fraction']:.0%}",
+    rows = [[r["micro"], r["rank"], _ms(r["step_s"]), f"{r['idle_fraction']:.0%}",
              f"{r['formula_idle_fraction']:.0%}", f"{r['replayed_idle_fraction']:.0%}",
              f"{r['idle_over_busy']:.0%}", f"{r['formula_idle_over_busy']:.0%}"]
             for r in bubble_rows(records)]
-    return text_table(["m", "stage", "step", "idle / step", "(p-1)/(m+p-1)", "replayed",
+    return text_table(["m", "stage", "step (ms)", "idle / step", "(p-1)/(m+p-1)", "replayed",
                        "idle / busy", "(p-1)/m"], rows, right=[0, 1, 2, 3, 4, 5, 6, 7])
 
 
@@ -598,8 +590,9 @@ def check_answers(answers: dict) -> None:
 
 __all__ = [
     "rank_traffic", "replica_table", "activation_table", "activation_parts", "block_saved",
-    "zero_memory_table", "zero_traffic_table", "check_table", "exactness", "step_times",
+    "zero_memory_table", "zero_traffic_table", "check_table", "exactness",
     "fsdp_memory_table", "fsdp_traffic_table", "fsdp_check_table", "fsdp_exactness", "fsdp_loss_series", "plot_losses",
+    "wire_summary", "wire_bytes_table", "wire_time_table", "wire_calls_table", "job_bytes_line", "show_lines",
     "tp_table", "tp_exactness", "tp_calls",
     "bubble_of_step", "bubble_formulas", "gpipe_replay", "bubble_rows", "bubble_table", "pipeline_checks",
     "plot_bubble", "plot_schedule", "parallel_layout", "layout_text", "EXPECTED", "check_answers",

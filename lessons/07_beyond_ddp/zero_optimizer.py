@@ -12,13 +12,11 @@ Adam; ZeroRedundancyOptimizer wrapping Adam (each rank owns whole parameters, ab
 result); the same with parameters_as_bucket_view=True (one broadcast per rank instead
 of one per parameter). Each rank reports its optimizer state bytes, the parameters it
 owns, the collectives of the last step (DDP's bucket all-reduces from a BucketRecorder,
-ZeRO's broadcasts from a CollectiveLog), the losses, and a median step time; at the
+ZeRO's broadcasts from a CollectiveLog), and the losses; at the
 end, whether each run's final weights equal plain Adam's (assert_close, and bitwise).
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -53,11 +51,10 @@ for name, zero_options in RUNS.items():
                                             **zero_options)
         state = optimizer.optim.state  # the local Adam: only this rank's parameters
         owned = [p for group in optimizer.optim.param_groups for p in group["params"]]
-    losses, times = [], []
+    losses = []
     with CollectiveLog(["broadcast"]) as log:
         for step in range(STEPS):
             x, y = (t.to(device) for t in token_batch(rank, step))
-            start = time.perf_counter()
             buckets.clear()
             log.calls.clear()
             log.phase = "step"
@@ -65,10 +62,9 @@ for name, zero_options in RUNS.items():
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - start)
             losses.append(loss.item())
     final[name] = [p.detach().clone() for p in model.parameters()]
-    report(part="run", run=name, losses=losses, step_s=statistics.median(times[1:]),
+    report(part="run", run=name, losses=losses,
            optimizer_state=storage_bytes(optimizer_state_tensors(state)),
            parameters=storage_bytes(model.parameters()),
            owned_tensors=len(owned), owned_bytes=sum(p.numel() * p.element_size() for p in owned),
