@@ -62,6 +62,90 @@ def test_thread_data_parallel_equals_one_process(lesson_modules, n_devices, batc
     assert [w["device"] for w in work] == list(range(n_devices))
     assert all(w["forward"] > 0 and w["backward"] > 0 for w in work)
     assert all(w["optimizer step"] == 0 for w in work[1:])  # only device 0 steps
+    # Bytes per step, from the tensors: parameters out and gradients in, once per other device;
+    # the inputs of the other devices out (device 0 keeps the labels).
+    traffic = dp.traffic()
+    params = model_mod.param_bytes(replicated)
+    assert traffic["parameters (replicate)"] == {"device 0 sends": (n_devices - 1) * params,
+                                                 "device 0 receives": 0}
+    assert traffic["parameter gradients (reduce onto device 0)"]["device 0 receives"] == (n_devices - 1) * params
+    x, _ = model_mod.make_batch(0, batch, **model_mod.PROOF)
+    first_chunk = x.chunk(n_devices)[0]
+    assert traffic["inputs (scatter)"]["device 0 sends"] == (x.numel() - first_chunk.numel()) * 4
+
+
+def test_replicate_builds_fresh_parameterless_shells_every_step(lesson_modules):
+    """As torch.nn.parallel.replicate: new module objects each step, holding plain-tensor
+    copies of device 0's parameters (a replica has no Parameters of its own)."""
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    model = model_mod.make_model(**model_mod.MANY_SMALL_OPS)
+    dp = dp_mod.ThreadDataParallel(model, 3)
+    first, second = dp.replicate(), dp.replicate()
+    assert first[0] is model and second[0] is model
+    assert first[1] is not second[1] and first[2] is not second[2]
+    assert list(first[1].parameters()) == []
+    assert len(list(first[1].modules())) == len(list(model.modules()))
+    x, _ = model_mod.make_batch(0, 4, **model_mod.MANY_SMALL_OPS)
+    torch.testing.assert_close(first[2](x), model(x))
+    copy_ptrs = {t.data_ptr() for t in dp.copies[1]}
+    assert not copy_ptrs & {p.data_ptr() for p in model.parameters()}  # copies, not views
+
+
+def test_thread_slowdown_reports_alone_and_together(lesson_modules):
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    run = dp_mod.thread_slowdown(model_mod.PROOF, n=2, batch=8, steps=3)
+    assert run["alone_s"] > 0 and run["together_s"] > 0
+    assert run["slowdown"] == pytest.approx(run["together_s"] / run["alone_s"])
+    assert torch.get_num_threads() > 0  # restored
+
+
+def test_device0_traffic_with_copies_grows_and_with_nccl_does_not(lesson_modules):
+    lesson01, model_mod = lesson_modules(LESSON01, "lesson01", "model")
+    by_n = lesson01.traffic_by_devices(model_mod.PROOF, per_device_batch=4, devices=(2, 4))
+    params = model_mod.param_bytes(model_mod.make_model(**model_mod.PROOF))
+    batch_bytes = {n: sum(t["device 0 sends"] + t["device 0 receives"] for what, t in by_n[n]["traffic"].items()
+                          if "parameter" not in what) for n in by_n}
+    for n in (2, 4):
+        copies = lesson01.device0_bytes(by_n[n]["traffic"], n=n, nccl=False)
+        nccl = lesson01.device0_bytes(by_n[n]["traffic"], n=n, nccl=True)
+        assert copies == batch_bytes[n] + 2 * (n - 1) * params
+        assert nccl == pytest.approx(batch_bytes[n] + 2 * params)  # parameters out once, gradients in once
+    assert lesson01.ddp_rank_bytes(params, 2) == 2 * params       # 2(n-1)/n of the gradients, each way
+    assert lesson01.ddp_rank_bytes(params, 4) == 3 * params
+
+
+def _link_record(rank, *, step, construction, gradients=1_000_000):
+    return {"rank": rank, "part": "link bytes", "gradient_bytes": gradients, "step_s": 0.1,
+            "construction_received": construction if rank else 100, "construction_sent": 100 if rank else construction,
+            "step_received": step, "step_sent": step}
+
+
+@pytest.mark.parametrize(("step", "construction", "verdicts"), [
+    (1_010_000, 1_020_000, ["True", "True"]),
+    (1_200_000, 1_020_000, ["False", "True"]),   # more than the all-reduce's share per step
+    (1_010_000, 2_000_000, ["True", "False"]),   # the parameters crossed twice
+])
+def test_check_link_compares_link_bytes_with_the_all_reduce(lesson_modules, capsys, step, construction, verdicts):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    records = [_link_record(r, step=step, construction=construction) for r in (0, 1)]
+    lesson01.check_link(records, world_size=2)
+    assert [line.rsplit(" ", 1)[1] for line in capsys.readouterr().out.splitlines()] == verdicts
+
+
+def test_check_link_says_when_nothing_was_measured(lesson_modules, capsys):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    records = [{"rank": r, "part": "link bytes", "gradient_bytes": 1, "step_received": None} for r in (0, 1)]
+    lesson01.check_link(records, world_size=2)
+    assert "not measured" in capsys.readouterr().out
+
+
+def test_lesson01_self_check_accepts_the_right_answers(lesson_modules, capsys):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    lesson01.check_answers({"q1_equivalent_single_batch": 64, "q2_params_come_from_rank": 0,
+                            "q3_cpu_dataparallel_key_prefix": "module.", "q4_device_ids_error": "ValueError",
+                            "q5_dp_loss_device": 0, "q6_model_where_threads_wait": "MANY_SMALL_OPS"})
+    out = capsys.readouterr().out.lower()
+    assert "not" not in out and out.count("\n") == 6
 
 
 def test_thread_data_parallel_rejects_zero_devices(lesson_modules):
@@ -103,6 +187,41 @@ def test_ddp_equals_one_process_with_the_whole_batch(lesson_modules, runs_dir, c
     assert "ValueError" in lesson01.one(result.records, "device_ids on a CPU module")["error"]
     lesson01.check_equivalence(result.records, world_size=2, per_rank_batch=4)  # raises on mismatch
     assert "gives the same gradient: False" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_ddp_train_measures_processes_and_a_ddp_step(lesson_modules, runs_dir):
+    """Part 4a and 4b of ddp_train.py on 2 local ranks; no link to count off the cluster."""
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    result = launch(LESSON01 / "ddp_train.py", nproc=2, display="none", timeout=240,
+                    args=["--steps", "1", "--timing-steps", "3", "--link-steps", "2", "--batch", "16"])
+    assert result.ok, result.summary()
+    runs = {r["model"]: r for r in lesson01.part(result.records, "processes at once")}
+    assert sorted(runs) == ["FEW_BIG_OPS", "MANY_SMALL_OPS"]
+    assert all(r["alone_s"] > 0 and r["together_s"] > 0 for r in runs.values())
+    step = lesson01.one(result.records, "ddp step")
+    assert step["step_s"] > 0 and step["compute_only_step_s"] > 0 and step["per_rank_batch"] == 16
+    links = lesson01.part(result.records, "link bytes")
+    assert len(links) == 2 and all(r["step_received"] is None for r in links)
+
+
+@pytest.mark.slow
+def test_ddp_on_two_hosts_sends_parameters_once_and_gradients_each_step(lesson_modules, runs_dir, capsys):
+    """The lesson's claim on the virtual cluster: link bytes per step = the all-reduce's share."""
+    from labutils.cluster import virtual_cluster
+
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    with virtual_cluster(2, link="1gbit") as cluster:
+        if cluster.mode != "namespaces":
+            pytest.skip(f"virtual cluster on loopback here: {cluster.reason}")
+        result = cluster.launch(LESSON01 / "ddp_train.py", nproc=1, display="none", timeout=240,
+                                env={"LESSON01_LINKS": ",".join(cluster.interfaces)},
+                                args=["--steps", "1", "--timing-steps", "0", "--link-steps", "2", "--batch", "16"])
+    assert result.ok, result.summary()
+    lesson01.check_link(result.records, world_size=2)
+    assert capsys.readouterr().out.splitlines() == [
+        "per step, every link carried 2(N-1)/N x the gradients each way (within 5%): True",
+        "while DDP(model) was built, every rank but 0 received the parameters once (within 5%): True"]
 
 
 @pytest.mark.slow

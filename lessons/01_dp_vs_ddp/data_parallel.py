@@ -1,7 +1,7 @@
-"""nn.DataParallel's algorithm, made visible, and a way to time it.
+"""nn.DataParallel's algorithm, made visible, and ways to time it.
 
 On a machine with GPUs, nn.DataParallel runs one training step like this, all in
-one process:
+one process (torch/nn/parallel/data_parallel.py, forward()):
 
 1. scatter:        split the batch along dim 0, one chunk per GPU;
 2. replicate:      copy the module's parameters from GPU 0 to every other GPU
@@ -16,13 +16,15 @@ On a CPU, nn.DataParallel does none of this: with no GPUs it simply calls the
 module (it only adds the ``module.`` prefix to the state_dict keys).
 ThreadDataParallel below re-creates the six steps with CPU threads standing in for
 GPUs (one intra-op thread each), so the mechanism and its costs can be measured
-on any machine. time_data_parallel() picks the real nn.DataParallel when there are
-at least two GPUs, and the re-creation otherwise.
+on any machine: the time of every stage on every "device", and the bytes that
+would cross between device 0 and the others, counted from the real tensors.
+time_data_parallel() picks the real nn.DataParallel when there are at least two
+GPUs, and the re-creation otherwise.
 """
 
 from __future__ import annotations
 
-import copy
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -31,9 +33,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model import TIMING, make_batch, make_model, make_optimizer
+from model import FEW_BIG_OPS, make_batch, make_model, make_optimizer, param_bytes
 
 STAGES = ("scatter", "replicate", "forward", "gather + loss", "backward", "reduce grads", "optimizer step")
+# What crosses between device 0 and device d in one step, in the order it happens.
+TRAFFIC = ("inputs (scatter)", "parameters (replicate)", "outputs (gather)",
+           "output gradients (gather's backward)", "parameter gradients (reduce onto device 0)")
 
 
 class ThreadDataParallel:
@@ -49,26 +54,49 @@ class ThreadDataParallel:
             raise ValueError(f"n_devices: expected >= 1, got {n_devices}")
         self.module = module
         self.n = n_devices
-        # One module object per device, so threads never share one. Device 0 runs the
-        # original; the others get their parameter values copied in at every step.
-        # (nn.DataParallel rebuilds these shells every step too; that part is cheap.)
-        self.replicas = [module, *(copy.deepcopy(module) for _ in range(n_devices - 1))]
+        self.copies: list[list[torch.Tensor]] = []  # per device, this step's parameter copies
         self.seconds: dict[tuple[int, str], float] = defaultdict(float)  # (device, stage) -> total
+        self.moved: dict[tuple[str, str], int] = defaultdict(int)  # (what, "to d" / "to 0") -> bytes
         self.steps = 0
 
-    def _timed(self, device: int, stage: str, fn: Callable):
-        t0 = time.perf_counter()
-        out = fn()
-        self.seconds[device, stage] += time.perf_counter() - t0
-        return out
+    # ------------------------------------------------ the four parts of nn.DataParallel
+    def scatter(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Device 0 -> device d: chunk d of the batch."""
+        chunks = list(x.chunk(self.n))
+        self._count("inputs (scatter)", "to d", chunks[1:])
+        return chunks
 
-    def _on_threads(self, work: Callable[[int], None]) -> None:
-        """Run work(d) for every device d on its own thread, as parallel_apply does."""
-        errors = []
+    def replicate(self) -> list[nn.Module]:
+        """Device 0 -> device d: a copy of every parameter, in a fresh shell of every
+        module, at every step, as torch.nn.parallel.replicate builds them (device 0
+        runs the original module here; torch builds a shell for it too)."""
+        modules = list(self.module.modules())
+        originals = list(self.module.parameters())
+        index = {p: i for i, p in enumerate(originals)}
+        position = {m: i for i, m in enumerate(modules)}
+        replicas, self.copies = [self.module], [originals]
+        for _ in range(1, self.n):
+            copies = [p.detach().clone().requires_grad_() for p in originals]
+            self._count("parameters (replicate)", "to d", copies)
+            shells = [m._replicate_for_data_parallel() for m in modules]  # torch's own, per module
+            for module, shell in zip(modules, shells):
+                for key, child in module._modules.items():
+                    shell._modules[key] = shells[position[child]]
+                for key, param in module._parameters.items():
+                    setattr(shell, key, copies[index[param]])  # a plain tensor, as in torch
+            replicas.append(shells[0])
+            self.copies.append(copies)
+        return replicas
+
+    def parallel_apply(self, stage: str, work: Callable[[int], object]) -> list:
+        """work(d) for every device d, each on its own thread, all at once; the results."""
+        results, errors = [None] * self.n, []
 
         def run(d: int) -> None:
             try:
-                work(d)
+                t0 = time.perf_counter()
+                results[d] = work(d)
+                self.seconds[d, stage] += time.perf_counter() - t0
             except BaseException as exc:  # re-raised on the caller's thread
                 errors.append(exc)
 
@@ -79,50 +107,54 @@ class ThreadDataParallel:
             t.join()
         if errors:
             raise errors[0]
+        return results
 
+    def gather(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """Device d -> device 0: every replica's outputs, concatenated on device 0."""
+        self._count("outputs (gather)", "to 0", outputs[1:])
+        return torch.cat(outputs)
+
+    def reduce_add(self) -> None:
+        """Device d -> device 0: every replica's gradients, summed onto the original's
+        (what the backward of replicate does)."""
+        originals = self.copies[0]
+        for copies in self.copies[1:]:
+            for original, mine in zip(originals, copies):
+                original.grad += mine.grad
+            self._count("parameter gradients (reduce onto device 0)", "to 0", (c.grad for c in copies))
+
+    # ------------------------------------------------------------------ one step
     def train_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable,
                    optimizer: torch.optim.Optimizer) -> float:
-        """One step on the global batch (x, y); returns the loss."""
-        n, dev0 = self.n, 0
-        xs, ys = self._timed(dev0, "scatter", lambda: (x.chunk(n), y.chunk(n)))
-        originals = list(self.module.parameters())
-
-        def replicate():  # copy every parameter from device 0 to every other device
-            with torch.no_grad():
-                for replica in self.replicas[1:]:
-                    for mine, original in zip(replica.parameters(), originals):
-                        mine.copy_(original)
-                        mine.grad = None
-
-        self._timed(dev0, "replicate", replicate)
-        outputs: list[torch.Tensor | None] = [None] * n
-
-        def forward(d: int) -> None:
-            outputs[d] = self._timed(d, "forward", lambda: self.replicas[d](xs[d]))
-
-        self._on_threads(forward)
+        """One step on the global batch (x, y); returns the loss. Device 0 keeps y."""
+        chunks = self._timed("scatter", self.scatter, x)
+        replicas = self._timed("replicate", self.replicate)
+        outputs = self.parallel_apply("forward", lambda d: replicas[d](chunks[d]))
 
         def gather_and_loss():
-            loss = loss_fn(torch.cat(outputs), y)  # every output travels to device 0
-            return loss, torch.autograd.grad(loss, outputs)  # d loss / d output, one chunk per device
+            loss = loss_fn(self.gather(outputs), y)
+            output_grads = torch.autograd.grad(loss, outputs)  # d loss / d output, per device
+            self._count("output gradients (gather's backward)", "to d", output_grads[1:])
+            return loss, output_grads
 
-        loss, output_grads = self._timed(dev0, "gather + loss", gather_and_loss)
-
-        def backward(d: int) -> None:
-            self._timed(d, "backward", lambda: torch.autograd.backward(outputs[d], output_grads[d]))
-
-        self._on_threads(backward)
-
-        def reduce_grads():  # what the backward of "replicate" does: sum onto device 0
-            for replica in self.replicas[1:]:
-                for original, mine in zip(originals, replica.parameters()):
-                    original.grad += mine.grad
-
-        self._timed(dev0, "reduce grads", reduce_grads)
-        self._timed(dev0, "optimizer step", optimizer.step)
+        loss, output_grads = self._timed("gather + loss", gather_and_loss)
+        self.parallel_apply("backward", lambda d: outputs[d].backward(output_grads[d]))
+        self._timed("reduce grads", self.reduce_add)
+        self._timed("optimizer step", optimizer.step)
         optimizer.zero_grad(set_to_none=False)
         self.steps += 1
         return loss.item()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _timed(self, stage: str, fn: Callable, *args):
+        """Run a stage on device 0 (the calling thread) and add up its time."""
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.seconds[0, stage] += time.perf_counter() - t0
+        return out
+
+    def _count(self, what: str, direction: str, tensors) -> None:
+        self.moved[what, direction] += sum(t.numel() * t.element_size() for t in tensors)
 
     def work_table(self) -> list[dict]:
         """Seconds per step spent in each stage, per device (what each "GPU" did)."""
@@ -135,36 +167,90 @@ class ThreadDataParallel:
             rows.append(row)
         return rows
 
+    def traffic(self) -> dict[str, dict[str, float]]:
+        """Bytes per step between device 0 and the others, per kind of tensor:
+        {what: {"device 0 sends", "device 0 receives"}}; each other device
+        receives and sends 1/(N-1) of that."""
+        steps = max(self.steps, 1)
+        return {what: {"device 0 sends": self.moved.get((what, "to d"), 0) / steps,
+                       "device 0 receives": self.moved.get((what, "to 0"), 0) / steps}
+                for what in TRAFFIC}
+
+
+def median_step_seconds(step: Callable, batches: list) -> float:
+    """step(x, y) for every batch; the median seconds of one step (robust to a
+    step slowed down by something else running on the machine)."""
+    times = []
+    for x, y in batches:
+        t0 = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+    """Each model on its own thread, all at once, ``steps`` forward + backward passes:
+    the median seconds of one pass, on the slowest thread."""
+    medians = [0.0] * len(models)
+
+    def work(i: int) -> None:
+        medians[i] = median_step_seconds(
+            lambda x, y: nn.functional.cross_entropy(models[i](x), y).backward(), [(x, y)] * steps)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(medians)
+
+
+def thread_slowdown(config: dict, *, n: int, batch: int, steps: int) -> dict:
+    """One replica alone on one thread, then n replicas on n threads at once (one core
+    each): seconds per forward + backward, and how much slower running together is."""
+    models = [make_model(**config) for _ in range(n)]
+    x, y = make_batch(0, batch, **config)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        replicas_at_once(models, x, y, 2)  # warm-up
+        alone = replicas_at_once(models[:1], x, y, steps)
+        together = replicas_at_once(models, x, y, steps)
+    finally:
+        torch.set_num_threads(threads_before)
+    return {"alone_s": alone, "together_s": together, "slowdown": together / alone}
+
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,
-                 classes: int, optimizer_states: int = 1) -> list[dict]:
-    """Bytes each device holds during a DataParallel step (activations left out).
+                 classes: int, optimizer_states: int = 1, **_) -> list[dict]:
+    """Bytes each device holds during a DataParallel step (activations left out),
+    counted from the tensors' sizes.
 
     Device 0 holds the model, its gradients and the optimizer state for good, the
     whole input batch before the scatter and every replica's outputs after the
     gather. The other devices hold a parameter copy, its gradients and their chunk.
     """
-    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    params = param_bytes(module)
     chunk = global_batch // n_devices
     rows = []
     for d in range(n_devices):
-        batch_rows = global_batch if d == 0 else chunk
-        out_rows = global_batch if d == 0 else chunk
+        rows_here = global_batch if d == 0 else chunk
         row = {
             "device": d,
-            "parameters": param_bytes,
-            "gradients": param_bytes,
-            "optimizer state": param_bytes * optimizer_states if d == 0 else 0,
-            "input batch": batch_rows * inputs * 4,
-            "outputs": out_rows * classes * 4,
+            "parameters": params,
+            "gradients": params,
+            "optimizer state": params * optimizer_states if d == 0 else 0,
+            "input batch": rows_here * inputs * 4,
+            "outputs": rows_here * classes * 4,
         }
         row["total"] = sum(v for k, v in row.items() if k != "device")
         rows.append(row)
     return rows
 
 
-def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, warmup: int = 2) -> dict:
-    """Train the TIMING model with DataParallel and measure samples per second.
+def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, warmup: int = 2,
+                       config: dict = FEW_BIG_OPS) -> dict:
+    """Train a model (``config`` from model.py) with DataParallel; samples per second.
 
     Real nn.DataParallel on GPUs 0..n_devices-1 when there are enough GPUs; the
     thread re-creation on CPU otherwise, with one intra-op thread per replica so
@@ -172,12 +258,13 @@ def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, war
 
     Returns:
         {"kind", "samples_per_s", "step_s", "work" (per-device stage seconds, CPU
-        only), "memory" (bytes per device: peak on GPUs, accounting on CPU)}.
+        only), "traffic" (bytes per step to and from device 0, CPU only), "memory"
+        (bytes per device: peak on GPUs, counted from tensor sizes on CPU)}.
     """
     global_batch = n_devices * per_device_batch
-    model = make_model(**TIMING)
+    model = make_model(**config)
     loss_fn = nn.functional.cross_entropy
-    batches = [make_batch(s, global_batch, **TIMING) for s in range(warmup + steps)]
+    batches = [make_batch(s, global_batch, **config) for s in range(warmup + steps)]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= n_devices:
         model = model.to("cuda:0")  # DataParallel needs the module on device_ids[0]
@@ -201,7 +288,8 @@ def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, war
         elapsed = time.perf_counter() - t0
         memory = [{"device": d, "peak allocated": torch.cuda.max_memory_allocated(d)} for d in range(n_devices)]
         return {"kind": f"nn.DataParallel on {n_devices} GPUs", "step_s": elapsed / steps,
-                "samples_per_s": global_batch * steps / elapsed, "work": None, "memory": memory}
+                "samples_per_s": global_batch * steps / elapsed, "work": None, "traffic": None,
+                "memory": memory}
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per "device"
     try:
@@ -210,24 +298,24 @@ def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, war
         for x, y in batches[:warmup]:
             dp.train_step(x, y, loss_fn, optimizer)
         dp.seconds.clear()
+        dp.moved.clear()
         dp.steps = 0
-        t0 = time.perf_counter()
-        for x, y in batches[warmup:]:
-            dp.train_step(x, y, loss_fn, optimizer)
-        elapsed = time.perf_counter() - t0
+        step_s = median_step_seconds(lambda x, y: dp.train_step(x, y, loss_fn, optimizer),
+                                     batches[warmup:])
     finally:
         torch.set_num_threads(threads_before)
-    return {"kind": f"ThreadDataParallel, {n_devices} CPU threads", "step_s": elapsed / steps,
-            "samples_per_s": global_batch * steps / elapsed, "work": dp.work_table(),
-            "memory": memory_table(model, n_devices=n_devices, global_batch=global_batch, **{
-                k: TIMING[k] for k in ("inputs", "classes")})}
+    return {"kind": f"DataParallel, {n_devices} threads", "step_s": step_s,
+            "samples_per_s": global_batch / step_s, "work": dp.work_table(),
+            "traffic": dp.traffic(),
+            "memory": memory_table(model, n_devices=n_devices, global_batch=global_batch, **config)}
 
 
-def time_single_process(*, global_batch: int, steps: int, warmup: int = 2, threads: int = 1) -> dict:
+def time_single_process(*, global_batch: int, steps: int, warmup: int = 2, threads: int = 1,
+                        config: dict = FEW_BIG_OPS) -> dict:
     """The baseline: one process, one device, the whole batch, ``threads`` intra-op threads."""
-    model = make_model(**TIMING)
+    model = make_model(**config)
     optimizer = make_optimizer(model)
-    batches = [make_batch(s, global_batch, **TIMING) for s in range(warmup + steps)]
+    batches = [make_batch(s, global_batch, **config) for s in range(warmup + steps)]
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -239,11 +327,8 @@ def time_single_process(*, global_batch: int, steps: int, warmup: int = 2, threa
 
         for x, y in batches[:warmup]:
             step(x, y)
-        t0 = time.perf_counter()
-        for x, y in batches[warmup:]:
-            step(x, y)
-        elapsed = time.perf_counter() - t0
+        step_s = median_step_seconds(step, batches[warmup:])
     finally:
         torch.set_num_threads(threads_before)
-    return {"kind": f"one process, {threads} thread(s)", "step_s": elapsed / steps,
-            "samples_per_s": global_batch * steps / elapsed}
+    return {"kind": f"one process, {threads} thread{'s' if threads > 1 else ''}", "step_s": step_s,
+            "samples_per_s": global_batch / step_s}

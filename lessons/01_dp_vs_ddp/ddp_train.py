@@ -15,8 +15,16 @@ the notebook shows arrives through report(). The parts:
 3. steps: --steps optimizer steps on this rank's shard of each global batch; rank 0
    reports the gradients of the first step and the parameters after the last, so
    the notebook can compare them with one process training on the whole batch;
-4. timing: --timing-steps steps of the larger TIMING model with --batch samples per
-   rank, with and without gradient synchronisation.
+4. measurements with one core per rank; a and b with --timing-steps steps:
+   a. processes at once: the forward + backward of a plain model on rank 0 alone
+      (the other ranks wait), then on every rank at the same time, for the two
+      models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS);
+   b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
+      with and without gradient synchronisation;
+   c. with --link-steps steps: bytes through this host's network link (on the
+      notebook's virtual cluster, which names the links in LESSON01_LINKS) while
+      DDP(model) is built, and per training step of FEW_BIG_OPS with --batch
+      samples per rank.
 
 The same file runs on GPUs: init() picks nccl and cuda:LOCAL_RANK when every rank
 has a GPU, the model is moved to the device *before* it is wrapped, and
@@ -25,6 +33,8 @@ with a CPU module).
 """
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,15 +45,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from model import PROOF, TIMING, flat_grads, flat_params, make_batch, make_model, make_optimizer, shard  # noqa: E402
+from model import (  # noqa: E402
+    FEW_BIG_OPS, MANY_SMALL_OPS, PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer,
+    param_bytes, shard,
+)
 
 from labutils.dist import init, report  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--per-rank-batch", type=int, default=8, help="samples per rank in the proof")
 parser.add_argument("--steps", type=int, default=3, help="optimizer steps in the proof")
-parser.add_argument("--batch", type=int, default=128, help="samples per rank when timing")
-parser.add_argument("--timing-steps", type=int, default=10, help="timed steps (0: no timing)")
+parser.add_argument("--batch", type=int, default=128, help="samples per rank, FEW_BIG_OPS")
+parser.add_argument("--small-batch", type=int, default=16, help="samples per rank, MANY_SMALL_OPS")
+parser.add_argument("--timing-steps", type=int, default=10, help="steps in measurements a and b (0: skip)")
+parser.add_argument("--link-steps", type=int, default=0, help="steps in measurement c (0: skip)")
 args = parser.parse_args()
 
 rank, world_size, device = init()
@@ -112,45 +127,132 @@ report(part="after steps", steps=args.steps, checksum=checksum(ddp.module),
 if rank == 0:
     report(part="final parameters", params=params)
 
-# ---------------------------------------------------------------- 4. timing
-if args.timing_steps > 0:
-    big = wrap(make_model(**TIMING))
-    big_opt = make_optimizer(big)
-    batches = [make_batch(s, args.batch * world_size, **TIMING) for s in range(args.timing_steps + 2)]
-    batches = [(shard(x, rank, world_size).to(device), shard(y, rank, world_size).to(device))
-               for x, y in batches]
+# ---------------------------------------------------------------- 4. measurements
 
-    def train_step(x, y) -> None:
+
+def link_bytes() -> dict | None:
+    """Bytes received and sent so far through this host's link (None when the run
+    is not on the virtual cluster). /proc/net/dev lists the interfaces of the
+    reading process's own network namespace, i.e. of this host."""
+    links = os.environ.get("LESSON01_LINKS", "").split(",")
+    host = int(os.environ.get("GROUP_RANK", "0"))  # torchrun: this node's rank = the host
+    name = links[host] if host < len(links) else ""
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        interface, counters = line.split(":", 1)
+        if name and interface.strip() == name:
+            fields = counters.split()
+            return {"received": int(fields[0]), "sent": int(fields[8])}
+    return None
+
+
+def moved(before: dict | None, after: dict | None, steps: int = 1) -> dict:
+    if before is None or after is None:
+        return {"received": None, "sent": None}
+    return {k: (after[k] - before[k]) / steps for k in ("received", "sent")}
+
+
+def median_step(step_fn, batches) -> float:
+    """The median seconds of one step over batches[2:] (two warm-up steps first)."""
+    for x, y in batches[:2]:
+        step_fn(x, y)
+    times = []
+    for x, y in batches[2:]:
+        t0 = time.perf_counter()
+        step_fn(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def seconds_per_step(step_fn, batches) -> float:
+    """median_step() on every rank at once; the slowest rank's."""
+    dist.barrier()
+    seconds = torch.tensor([median_step(step_fn, batches)], device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item()
+
+
+def my_batches(config: dict, per_rank: int, steps: int) -> list:
+    """This rank's shard of each global batch: 2 warm-up steps, then ``steps`` timed ones."""
+    out = []
+    for s in range(steps + 2):
+        x, y = make_batch(s, per_rank * world_size, **config)
+        out.append((shard(x, rank, world_size).to(device), shard(y, rank, world_size).to(device)))
+    return out
+
+
+# One core per rank, as one GPU per rank (torchrun sets OMP_NUM_THREADS=1 only when
+# a node runs several ranks).
+torch.set_num_threads(1)
+if args.timing_steps > 0:
+    # a. processes at once: no DDP, no communication, only compute
+    for name, config, per_rank in (("MANY_SMALL_OPS", MANY_SMALL_OPS, args.small_batch),
+                                   ("FEW_BIG_OPS", FEW_BIG_OPS, args.batch)):
+        plain = make_model(**config).to(device)
+        batches = my_batches(config, per_rank, args.timing_steps)
+
+        def forward_backward(x, y) -> None:
+            loss_fn(plain(x), y).backward()
+
+        dist.barrier()
+        if rank == 0:                                     # rank 0 alone: the others wait
+            alone = median_step(forward_backward, batches)
+        dist.barrier()
+        together = seconds_per_step(forward_backward, batches)  # every rank at once
+        if rank == 0:
+            report(part="processes at once", model=name, alone_s=alone, together_s=together)
+
+    # b. a DDP training step on the model of many small operations
+    small = wrap(make_model(**MANY_SMALL_OPS))
+    small_opt = make_optimizer(small)
+
+    def small_step(x, y) -> None:
+        small_opt.zero_grad()
+        loss_fn(small(x), y).backward()                   # gradients all-reduced here
+        small_opt.step()
+
+    def small_step_no_sync(x, y) -> None:                 # the same, without communication
+        with small.no_sync():
+            small_step(x, y)
+
+    batches = my_batches(MANY_SMALL_OPS, args.small_batch, args.timing_steps)
+    step_s = seconds_per_step(small_step, batches)
+    compute_s = seconds_per_step(small_step_no_sync, batches)
+    if rank == 0:
+        report(part="ddp step", model="MANY_SMALL_OPS", per_rank_batch=args.small_batch,
+               step_s=step_s, compute_only_step_s=compute_s,
+               samples_per_s=args.small_batch * world_size / step_s,
+               kind=f"DDP, {world_size} processes ({dist.get_backend()}, {device.type})")
+
+# c. bytes through this host's link: building DDP, then per training step
+if args.link_steps > 0:
+    big = make_model(**FEW_BIG_OPS, seed=rank)  # different on every rank, as in part 1
+    dist.barrier()
+    before = link_bytes()
+    big = wrap(big)                               # broadcasts rank 0's parameters
+    dist.barrier()
+    construction = moved(before, link_bytes())
+    big_opt = make_optimizer(big)
+
+    def big_step(x, y) -> None:
         big_opt.zero_grad()
         loss_fn(big(x), y).backward()
         big_opt.step()
 
-    def timed(steps_fn) -> float:
-        """Seconds per step, as long as the slowest rank took."""
-        for x, y in batches[:2]:        # warm-up
-            steps_fn(x, y)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for x, y in batches[2:]:
-            steps_fn(x, y)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = torch.tensor([(time.perf_counter() - t0) / args.timing_steps], device=device)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return seconds.item()
-
-    step_s = timed(train_step)
-
-    def compute_only(x, y) -> None:     # the same step without gradient synchronisation
-        with big.no_sync():
-            train_step(x, y)
-
-    compute_s = timed(compute_only)
-    if rank == 0:
-        report(part="timing", kind=f"DDP, {world_size} processes ({dist.get_backend()}, {device.type})",
-               per_rank_batch=args.batch, step_s=step_s, compute_only_step_s=compute_s,
-               samples_per_s=args.batch * world_size / step_s)
+    batches = my_batches(FEW_BIG_OPS, args.batch, args.link_steps)
+    for x, y in batches[:2]:                              # warm-up (DDP rebuilds its buckets)
+        big_step(x, y)
+    dist.barrier()
+    before = link_bytes()
+    t0 = time.perf_counter()
+    for x, y in batches[2:]:
+        big_step(x, y)
+    big_step_s = (time.perf_counter() - t0) / args.link_steps
+    dist.barrier()
+    per_step = moved(before, link_bytes(), args.link_steps)
+    report(part="link bytes", gradient_bytes=param_bytes(big.module), step_s=big_step_s,
+           construction_received=construction["received"], construction_sent=construction["sent"],
+           step_received=per_step["received"], step_sent=per_step["sent"])
 
 dist.destroy_process_group()

@@ -14,8 +14,7 @@ from torch import nn
 
 from labutils import selfcheck
 from labutils.tables import text_table
-from labutils.timing import format_bytes
-from model import PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer, shard
+from model import PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer, param_bytes, shard
 
 HERE = Path(__file__).parent
 
@@ -115,12 +114,41 @@ def steps_table(records: list[dict]) -> str:
                       right=[1, 2, 3])
 
 
-def throughput_table(single: dict, dp: dict, ddp: dict) -> str:
-    """Samples per second of the three ways to train on the same global batch."""
-    base = single["samples_per_s"]
-    rows = [[run["kind"], f"{run['step_s'] * 1e3:.1f}", f"{run['samples_per_s']:.0f}",
-             f"{run['samples_per_s'] / base:.2f}x"] for run in (single, dp, ddp)]
-    return text_table(["how", "ms per step", "samples/s", "vs one process"], rows, right=[1, 2, 3])
+MiB = 2 ** 20
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / MiB:.3f}"
+
+
+def replicas_at_once_runs(threads: dict[str, dict], records: list[dict]) -> dict[tuple[str, str], dict]:
+    """{(model, "threads" | "processes"): {"alone_s", "together_s"}}: threads measured in
+    this process, processes by ddp_train.py (part 4a)."""
+    processes = {r["model"]: r for r in part(records, "processes at once")}
+    return {(name, how): run for name in threads
+            for how, run in (("threads", threads[name]), ("processes", processes[name]))}
+
+
+def slowdowns(threads: dict[str, dict], records: list[dict]) -> dict[tuple[str, str], float]:
+    """{(model, how): time of all replicas at once / time of one alone}."""
+    return {key: run["together_s"] / run["alone_s"] for key, run in replicas_at_once_runs(threads, records).items()}
+
+
+def slowdown_table(threads: dict[str, dict], records: list[dict]) -> str:
+    """Replicas run alone, then N at once: on threads (this process), on processes (the DDP run)."""
+    rows = [[name, how, f"{run['alone_s'] * 1e3:.2f}", f"{run['together_s'] * 1e3:.2f}",
+             f"{run['together_s'] / run['alone_s']:.2f}x"]
+            for (name, how), run in replicas_at_once_runs(threads, records).items()]
+    return text_table(["model", "replicas on", "one alone (ms)", "all at once (ms)", "slowdown"], rows,
+                      right=[2, 3, 4])
+
+
+def step_table(single: dict, dp: dict, ddp_step: dict) -> str:
+    """One training step on the same global batch, three ways."""
+    base = single["step_s"]
+    rows = [[run["kind"], f"{run['step_s'] * 1e3:.2f}", f"{run['samples_per_s']:.0f}",
+             f"{base / run['step_s']:.2f}x"] for run in (single, dp, ddp_step)]
+    return text_table(["how", "ms per step", "samples/s", "speed vs one process"], rows, right=[1, 2, 3])
 
 
 STAGE_ORDER = ("scatter", "replicate", "forward", "gather + loss", "backward", "reduce grads",
@@ -131,56 +159,147 @@ def work_table(dp: dict) -> str:
     """Milliseconds per step each device spent in each DataParallel stage."""
     if not dp.get("work"):
         return "(per-stage times are measured in the CPU re-creation only)"
-    rows = [[stage, *(f"{w[stage] * 1e3:.1f}" for w in dp["work"])] for stage in STAGE_ORDER]
+    rows = [[stage, *(f"{w[stage] * 1e3:.2f}" for w in dp["work"])] for stage in STAGE_ORDER]
+    rows.append(["whole step (wall clock)", *([f"{dp['step_s'] * 1e3:.2f}"] + [""] * (len(dp["work"]) - 1))])
     return text_table(["stage (ms per step)", *(f"device {w['device']}" for w in dp["work"])],
                       rows, right=list(range(1, len(dp["work"]) + 1)))
+
+
+# ------------------------------------------------------------------ bytes
+
+def traffic_by_devices(config: dict, *, per_device_batch: int, devices=(2, 4, 8)) -> dict[int, dict]:
+    """One ThreadDataParallel step per number of devices; what it moved (bytes, from the
+    real tensors) and the gradient bytes. {n: {"traffic": ..., "gradient_bytes": ...}}"""
+    from data_parallel import ThreadDataParallel
+
+    out = {}
+    for n in devices:
+        model = make_model(**config)
+        dp = ThreadDataParallel(model, n)
+        x, y = make_batch(0, n * per_device_batch, **config)
+        dp.train_step(x, y, nn.functional.cross_entropy, make_optimizer(model))
+        out[n] = {"traffic": dp.traffic(), "gradient_bytes": param_bytes(model)}
+    return out
+
+
+def device0_bytes(traffic: dict, *, n: int, nccl: bool) -> float:
+    """Bytes device 0 sends + receives per step. Copies: replicate sends the parameters
+    to each of the n-1 others, the reduce receives n-1 gradient sets. NCCL (what
+    torch.cuda.comm uses when it can): broadcast and reduce forward the data GPU to GPU
+    along a chain, so device 0 sends the parameters once and receives the sum once."""
+    total = sum(t["device 0 sends"] + t["device 0 receives"] for t in traffic.values())
+    if nccl:
+        fan = traffic["parameters (replicate)"]["device 0 sends"] \
+            + traffic["parameter gradients (reduce onto device 0)"]["device 0 receives"]
+        total -= fan * (n - 2) / (n - 1)  # keep one copy of each, out of n - 1
+    return total
+
+
+def ddp_rank_bytes(gradient_bytes: int, n: int) -> float:
+    """Bytes one rank sends + receives per step in a ring all-reduce of the gradients
+    (lesson 02): 2(n-1)/n of them each way."""
+    return 2 * 2 * (n - 1) / n * gradient_bytes
+
+
+def traffic_table(by_n: dict[int, dict]) -> str:
+    rows = []
+    for n, run in by_n.items():
+        copies = device0_bytes(run["traffic"], n=n, nccl=False)
+        nccl = device0_bytes(run["traffic"], n=n, nccl=True)
+        ddp = ddp_rank_bytes(run["gradient_bytes"], n)
+        rows.append([n, mib(copies), mib(nccl), mib(ddp), f"{copies / ddp:.2f}x"])
+    return text_table(["devices", "DP device 0, copies (MiB)", "DP device 0, NCCL (MiB)",
+                       "DDP rank (MiB)", "copies / DDP"], rows, right=[0, 1, 2, 3, 4])
+
+
+def breakdown_table(traffic: dict) -> str:
+    """What device 0 sends and receives in one step, by kind of tensor (copies)."""
+    rows = [[what, mib(t["device 0 sends"]), mib(t["device 0 receives"])] for what, t in traffic.items()]
+    return text_table(["tensor", "device 0 sends (MiB)", "device 0 receives (MiB)"], rows, right=[1, 2])
+
+
+def link_table(records: list[dict]) -> str:
+    """Bytes through each host's link, measured by the kernel's interface counters."""
+    rows = [[r["rank"], mib(r["construction_received"]), mib(r["construction_sent"]),
+             mib(r["step_received"]), mib(r["step_sent"])] for r in part(records, "link bytes")
+            if r["step_received"] is not None]
+    if not rows:
+        return "(no link to count: the ranks ran on this machine's loopback)"
+    return text_table(["rank", "received during DDP(model) (MiB)", "sent during DDP(model) (MiB)",
+                       "received per step (MiB)", "sent per step (MiB)"], rows, right=[1, 2, 3, 4])
+
+
+def check_link(records: list[dict], *, world_size: int, tolerance: float = 0.05) -> None:
+    """The measured link bytes against the all-reduce share and the parameter bytes."""
+    rows = [r for r in part(records, "link bytes") if r["step_received"] is not None]
+    if not rows:
+        print("link bytes not measured: the ranks ran on this machine's loopback")
+        return
+    gradients = rows[0]["gradient_bytes"]
+    share = 2 * (world_size - 1) / world_size * gradients
+
+    def near(value: float, target: float) -> bool:
+        return abs(value - target) <= tolerance * target
+
+    print(f"per step, every link carried 2(N-1)/N x the gradients each way (within {tolerance:.0%}):",
+          all(near(r["step_received"], share) and near(r["step_sent"], share) for r in rows))
+    receivers = [r for r in rows if r["rank"] != 0]
+    print(f"while DDP(model) was built, every rank but 0 received the parameters once "
+          f"(within {tolerance:.0%}):", all(near(r["construction_received"], gradients) for r in receivers))
 
 
 def memory_text(dp: dict) -> str:
     """Bytes per device: what device 0 holds that the others do not."""
     rows = dp["memory"]
     names = [k for k in rows[0] if k != "device"]
-    table = [[name, *(format_bytes(r[name]) for r in rows)] for name in names]
-    return text_table(["held during a step", *(f"device {r['device']}" for r in rows)], table,
+    table = [[name, *(mib(r[name]) for r in rows)] for name in names]
+    return text_table(["held during a step (MiB)", *(f"device {r['device']}" for r in rows)], table,
                       right=list(range(1, len(rows) + 1)))
 
 
-STAGE_COLORS = dict(zip(STAGE_ORDER[:-1], ("#c7c7c7", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                          "#8c564b", "#e377c2")))
-
-
-def plot_dp_vs_ddp(single: dict, dp: dict, ddp: dict):
-    """Left: samples/s of the three runs. Right: what each DataParallel device does per step
-    (stage by stage) next to a DDP rank's step (compute, then waiting for the all-reduce)."""
+def plot_lesson(threads: dict[str, dict], records: list[dict], steps: list[dict], by_n: dict[int, dict],
+                wire_records: list[dict]):
+    """Left: slowdown of replicas run at once, threads vs processes. Middle: the
+    MANY_SMALL_OPS step three ways. Right: bytes per step through device 0 vs a DDP rank."""
     import matplotlib.pyplot as plt
 
-    fig, (ax_rate, ax_work) = plt.subplots(1, 2, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1, 1.5]})
-    runs = [single, dp, ddp]
-    n = len(dp["memory"])
-    labels = ["one process\n1 core", f"DataParallel\n{n} {'GPUs' if 'GPU' in dp['kind'] else 'threads'}",
-              f"DDP\n{ddp['kind'].split(', ')[1].split(' (')[0]}"]
-    bars = ax_rate.bar(labels, [r["samples_per_s"] for r in runs], color=["#7f7f7f", "#d62728", "#1f77b4"])
-    ax_rate.bar_label(bars, fmt="%.0f")
-    ax_rate.set_ylabel("training throughput (samples per second)")
-    ax_rate.set_title("same model, same global batch: higher is better")
-    if dp.get("work"):
-        rows = [f"DataParallel device {w['device']}" for w in dp["work"]]
-        left = [0.0] * len(rows)
-        for stage in STAGE_ORDER[:-1]:
-            values = [w[stage] * 1e3 for w in dp["work"]]
-            ax_work.barh(rows, values, left=left, color=STAGE_COLORS[stage], label=f"DP: {stage}")
-            left = [a + v for a, v in zip(left, values)]
-        ax_work.barh(["DataParallel step (wall clock)"], [dp["step_s"] * 1e3], color="#bbbbbb",
-                     hatch="//", label="DP: whole step, threads included")
-        compute = ddp["compute_only_step_s"] * 1e3
-        sync = max(ddp["step_s"] * 1e3 - compute, 0.0)
-        ax_work.barh(["DDP step (each rank)"], [compute], color="#1f77b4", label="DDP: compute")
-        ax_work.barh(["DDP step (each rank)"], [sync], left=[compute], color="#9ecae1",
-                     label="DDP: waiting for the all-reduce")
-        ax_work.set_xlabel("milliseconds per step")
-        ax_work.set_title("who does what in one step")
-        ax_work.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        ax_work.invert_yaxis()
+    fig, (ax_gil, ax_step, ax_bytes) = plt.subplots(1, 3, figsize=(15, 4.3))
+    slow = slowdowns(threads, records)
+    names = list(threads)
+    width = 0.38
+    for k, (how, color) in enumerate((("threads", "#d62728"), ("processes", "#1f77b4"))):
+        ratios = [slow[m, how] for m in names]
+        bars = ax_gil.bar([i + (k - 0.5) * width for i in range(len(names))], ratios, width,
+                          label=f"replicas on {how}", color=color)
+        ax_gil.bar_label(bars, fmt="%.2fx")
+    ax_gil.axhline(1.0, color="gray", lw=0.8)
+    ax_gil.set_xticks(range(len(names)), names)
+    ax_gil.set_ylabel("time of all at once / one alone")
+    ax_gil.set_title("running replicas at the same time")
+    ax_gil.legend(fontsize=8)
+
+    labels = ["one process", "DataParallel\n(threads)", "DDP\n(processes)"]
+    bars = ax_step.bar(labels, [r["step_s"] * 1e3 for r in steps], color=["#7f7f7f", "#d62728", "#1f77b4"])
+    ax_step.bar_label(bars, fmt="%.1f")
+    ax_step.set_ylabel("milliseconds per step (lower is better)")
+    ax_step.set_title("MANY_SMALL_OPS, same global batch")
+
+    ns = list(by_n)
+    for label, values, style in (
+            ("DataParallel device 0, copies", [device0_bytes(by_n[n]["traffic"], n=n, nccl=False) for n in ns], "o-"),
+            ("DataParallel device 0, NCCL", [device0_bytes(by_n[n]["traffic"], n=n, nccl=True) for n in ns], "s--"),
+            ("DDP rank, ring all-reduce", [ddp_rank_bytes(by_n[n]["gradient_bytes"], n) for n in ns], "^-")):
+        ax_bytes.plot(ns, [v / MiB for v in values], style, label=label)
+    measured = [r for r in part(wire_records, "link bytes") if r["step_received"] is not None]
+    if measured:
+        n_wire = len(part(wire_records, "link bytes"))
+        ax_bytes.plot([n_wire] * len(measured), [(r["step_received"] + r["step_sent"]) / MiB for r in measured],
+                      "k*", ms=12, label="DDP rank, measured on its link")
+    ax_bytes.set_xticks(ns)
+    ax_bytes.set_xlabel("devices (ranks)")
+    ax_bytes.set_ylabel("MiB sent + received per step")
+    ax_bytes.set_title("FEW_BIG_OPS: bytes through one device")
+    ax_bytes.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -248,5 +367,6 @@ def check_answers(answers: dict) -> None:
         "q3_cpu_dataparallel_key_prefix": ("module.", "print(list(nn.DataParallel(model).state_dict()))"),
         "q4_device_ids_error": ("ValueError", "the error ddp_train.py reported"),
         "q5_dp_loss_device": (0, "the gather stage"),
+        "q6_model_where_threads_wait": ("MANY_SMALL_OPS", "the slowdown table of section 4.1"),
     }
     selfcheck.check_answers(answers, expected)

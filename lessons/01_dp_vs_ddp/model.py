@@ -1,8 +1,8 @@
-"""The model and the data every part of lesson 01 shares.
+"""The models and the data every part of lesson 01 shares.
 
-A small MLP classifier on synthetic data. Everything is a function of explicit
-seeds, so the DDP ranks, the single-process reference and the DataParallel
-re-creation all see exactly the same numbers.
+Small classifiers on synthetic data. Everything is a function of explicit seeds,
+so the DDP ranks, the single-process reference and the DataParallel re-creation
+all see exactly the same numbers.
 """
 
 from __future__ import annotations
@@ -10,20 +10,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Two sizes: a tiny one for the equivalence proof (reported in full), a larger one
-# for timing (enough arithmetic per step that threads and processes can differ).
+# PROOF is tiny: the equivalence proof reports all its parameters. The two timing
+# models do the same job with opposite shapes:
+# - MANY_SMALL_OPS: 128 hidden layers 16 wide. Each operation takes microseconds, so a
+#   step is mostly Python and dispatcher overhead per operation, which holds the GIL.
+# - FEW_BIG_OPS: 2 hidden layers 1024 wide. A step is a few large matrix products,
+#   inside which torch releases the GIL.
 PROOF = {"inputs": 32, "hidden": 64, "classes": 10}
-TIMING = {"inputs": 512, "hidden": 1024, "classes": 10}
+MANY_SMALL_OPS = {"inputs": 16, "hidden": 16, "classes": 10, "depth": 128}
+FEW_BIG_OPS = {"inputs": 512, "hidden": 1024, "classes": 10}
 
 
-def make_model(*, inputs: int, hidden: int, classes: int, seed: int = 0) -> nn.Sequential:
-    """Linear-ReLU-Linear-ReLU-Linear, initialised from ``seed``."""
+def make_model(*, inputs: int, hidden: int, classes: int, depth: int = 1, seed: int = 0) -> nn.Sequential:
+    """Linear-ReLU, then ``depth`` x (Linear-ReLU) hidden to hidden, then Linear; from ``seed``."""
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(inputs, hidden), nn.ReLU(),
-        nn.Linear(hidden, hidden), nn.ReLU(),
-        nn.Linear(hidden, classes),
-    )
+    layers: list[nn.Module] = [nn.Linear(inputs, hidden), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, classes))
 
 
 def make_batch(step: int, batch: int, *, inputs: int, classes: int, **_) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +47,11 @@ def shard(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """SGD with momentum: optimizer state that must stay identical on every rank."""
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of all parameters (and so of all gradients)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def flat_grads(model: nn.Module) -> torch.Tensor:
