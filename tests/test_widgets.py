@@ -102,6 +102,16 @@ def test_lines_between_ticks_are_one_update(tmp_path, shown):
     assert "10 earlier lines in" in changes[0]["new"] and "stderr.log" in changes[0]["new"]
 
 
+def test_panes_cut_build_paths_as_the_text_display_does(tmp_path, shown):
+    d = started(tmp_path)
+    d.lines(0, "stderr", ["[W1123 socket.cpp:207] [/__w/pytorch/pytorch/torch/csrc/distributed/"
+                          "c10d/socket.cpp:207] warning"])
+    time.sleep(d.interval_s)
+    d.tick()
+    body = d.panes[0].body.value
+    assert "/__w/" not in body and ".../torch/csrc/distributed/c10d/socket.cpp:207" in body
+
+
 def test_states_notes_and_finish(tmp_path, shown):
     d = started(tmp_path)
     assert d.stop.disabled, "outside a kernel there is no subshell: Stop is off"

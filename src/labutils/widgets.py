@@ -263,6 +263,7 @@ class WidgetDisplay(Display):
         display(self.root)
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        lines = [runfiles.shorten_paths(ln) for ln in lines]  # as the text display shows them
         if 0 <= rank < len(self.panes):
             pane = self.panes[rank]
             pane.output.add(rank, stream, lines)
