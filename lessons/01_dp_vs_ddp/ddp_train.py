@@ -1,4 +1,4 @@
-"""DistributedDataParallel, one step at a time, then timed.
+"""DistributedDataParallel, one step at a time, then measured.
 
 Run it on 2 ranks, from the lessons folder:
 
