@@ -169,6 +169,13 @@ def test_scaling_claims_fail_when_the_allreduce_does_not_grow_like_the_ring(less
     assert lines[0].endswith(": False") and lines[1].endswith(": False")
 
 
+def test_finite_drops_the_predictions_a_missing_link_could_not_make(lesson06):
+    import math
+
+    model = {"strong": {1: 0.08, 2: math.nan}, "weak": {1: 0.08, 2: 0.17}}
+    assert lesson06.finite(model) == {"strong": {1: 0.08}, "weak": {1: 0.08, 2: 0.17}}
+
+
 def test_allreduce_table_shows_the_ring_bytes_per_host(lesson06):
     points, _, _ = _claims(lesson06)
     allreduce, _ = _model(points)

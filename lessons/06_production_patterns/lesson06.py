@@ -230,6 +230,11 @@ def scaling_claims(points: dict, allreduce_predicted: dict[int, float],
     ])
 
 
+def finite(model: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """The model's predictions that are numbers (none without a link, in loopback mode)."""
+    return {m: {n: t for n, t in d.items() if math.isfinite(t)} for m, d in model.items()}
+
+
 def scaling_seconds(points: dict) -> dict[str, dict[int, float]]:
     """{"strong": {hosts: step seconds}, "weak": {...}} for viz.plot_scaling."""
     return {m: {n: p[f"{m}_step_s"] for n, p in points.items()} for m in MODES}
