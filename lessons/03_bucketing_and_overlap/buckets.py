@@ -1,22 +1,28 @@
 """Read DDP's real buckets, then record one backward pass on a timeline.
 
-Run it on 2 ranks, from the lessons folder:
+Run it with one rank on each of 2 hosts (the lesson runs it on a virtual cluster whose
+links are capped, see labutils.cluster), or on one machine, from the lessons folder:
 
     torchrun --standalone --nproc-per-node 2 03_bucketing_and_overlap/buckets.py
 
-or from the notebook: launch("03_bucketing_and_overlap/buckets.py", nproc=2). Two parts:
+or from the notebook: cluster.launch("03_bucketing_and_overlap/buckets.py", nproc=1).
+Three parts:
 
-1. Buckets. For each bucket_cap_mb in --caps ("default" leaves it unset), wrap the
-   model in DDP, train 3 iterations with a BucketRecorder as communication hook, and
-   report what the hook saw per iteration (bucket index, bytes, parameter names) and
-   what DDP's logging data says (sizes at construction, rebuilt sizes and members).
-2. Overlap, with --timeline-cap MiB. Backward hooks time each Linear layer, the
-   BucketRecorder times each bucket's all-reduce, both with this rank's clock, for
-   --timeline-steps steps after the rebuild. Then torch.profiler records one more step
-   and writes a Chrome trace to this rank's run folder (runs/<run>/rank<R>/trace.json).
+1. Buckets. For each bucket_cap_mb in --caps ("default" leaves it unset; "default+last"
+   leaves it unset with DDP_SET_LAST_BUCKET_CAP=1 in the environment), wrap the model
+   in DDP, train 3 iterations with a BucketRecorder as communication hook, and report
+   what the hook saw per iteration (bucket index, bytes, parameter names) and what
+   DDP's logging data says (sizes at construction, rebuilt sizes and members).
+2. Overlap, with --timeline-cap MiB and batches of --batch items. Backward hooks time
+   each Linear layer, the BucketRecorder times each bucket's all-reduce, both with this
+   rank's clock, for --timeline-steps steps after the rebuild; then as many backward
+   passes under no_sync() (no communication) time the computation alone.
+3. torch.profiler records one more step and writes a Chrome trace to this rank's run
+   folder (runs/<run>/rank<R>/trace.json).
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,16 +39,18 @@ from labutils.ddp_probes import BackwardTimer, BucketRecorder, rank_output_dir, 
 from labutils.dist import init, report  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--caps", default="default,4,1", help="bucket_cap_mb values, comma-separated")
+parser.add_argument("--caps", default="default,25,4,1,default+last",
+                    help="bucket_cap_mb values, comma-separated")
 parser.add_argument("--timeline-cap", type=float, default=2.0, help="bucket_cap_mb of the timeline")
+parser.add_argument("--batch", type=int, default=2048, help="items per rank and step of the timeline")
 parser.add_argument("--timeline-steps", type=int, default=3, help="steps recorded on the timeline")
 args = parser.parse_args()
 
 rank, world_size, device = init()
 
 
-def train_step(ddp, step: int) -> None:
-    x, y = batch(rank, step)
+def train_step(ddp, step: int, n: int = 32) -> None:
+    x, y = batch(rank, step, n=n)
     loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
     loss.backward()
     ddp.zero_grad(set_to_none=True)
@@ -50,7 +58,9 @@ def train_step(ddp, step: int) -> None:
 
 # ---------------------------------------------------------------- 1. buckets
 for cap in args.caps.split(","):
-    cap_mb = None if cap == "default" else float(cap)
+    cap_mb = None if cap.startswith("default") else float(cap)
+    # The reducer reads DDP_SET_LAST_BUCKET_CAP when it rebuilds the buckets (2nd step).
+    os.environ["DDP_SET_LAST_BUCKET_CAP"] = "1" if cap.endswith("+last") else "0"
     ddp = DDP(make_mlp("mlp").to(device), bucket_cap_mb=cap_mb)
     recorder = BucketRecorder(ddp)
     for step in range(3):
@@ -61,32 +71,43 @@ for cap in args.caps.split(","):
                        "params": c.params} for c in recorder.calls])
 
 # ---------------------------------------------------------------- 2. overlap timeline
+os.environ.pop("DDP_SET_LAST_BUCKET_CAP")
 ddp = DDP(make_mlp("mlp").to(device), bucket_cap_mb=args.timeline_cap)
 recorder = BucketRecorder(ddp)
 timer = BackwardTimer(linear_layers(ddp.module))
 for step in range(2):  # the first step uses one bucket; the rebuild happens at the second
-    train_step(ddp, step)
+    train_step(ddp, step, args.batch)
     timer.next_iteration()
 recorder.clear()
 timer.spans.clear()
 starts = []
 for step in range(2, 2 + args.timeline_steps):
-    x, y = batch(rank, step)
+    x, y = batch(rank, step, n=args.batch)
     loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
     starts.append(time.perf_counter())
     loss.backward()  # returns once every bucket's all-reduce has finished
     starts.append(time.perf_counter())
     ddp.zero_grad(set_to_none=True)
     timer.next_iteration()
-report(part="timeline", cap_mb=args.timeline_cap, backward=[starts[i:i + 2] for i in range(0, len(starts), 2)],
-       layers=[s.to_json() for s in timer.spans], buckets=[c.to_json() for c in recorder.calls],
-       logging=reducer_buckets(ddp))
+# The same backward without communication (no_sync), for the compute alone.
+timer.remove()
+alone = []
+for step in range(2, 2 + args.timeline_steps):
+    x, y = batch(rank, step, n=args.batch)
+    with ddp.no_sync():
+        loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
+        t0 = time.perf_counter()
+        loss.backward()
+        alone.append(time.perf_counter() - t0)
+    ddp.zero_grad(set_to_none=True)
+report(part="timeline", cap_mb=args.timeline_cap, batch=args.batch,
+       backward=[starts[i:i + 2] for i in range(0, len(starts), 2)], backward_alone_s=alone,
+       layers=[s.to_json() for s in timer.spans], buckets=[c.to_json() for c in recorder.calls], logging=reducer_buckets(ddp))
 
 # ---------------------------------------------------------------- 3. the same step, profiled
-timer.remove()
 trace = rank_output_dir() / "trace.json"
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     with record_function("train_step"):
-        train_step(ddp, 2 + args.timeline_steps)
+        train_step(ddp, 2 + args.timeline_steps, args.batch)
 prof.export_chrome_trace(str(trace))
 report(part="trace", path=str(trace))

@@ -18,8 +18,8 @@ as the averaged gradients.
    against plain all-reduce at the first compressed step, the weights' distance from
    the plain all-reduce run after the last step, and the step time.
 3. --powersgd-race: PowerSGD on three buckets without the serialising wrapper; each
-   rank prints every all_reduce it issues (size, thread). On gloo it hangs: run it
-   with the launcher's hang_timeout.
+   rank prints every all_reduce it issues (size, thread). On gloo it aborts or hangs,
+   depending on thread timing: run it with the launcher's hang_timeout.
 """
 
 import argparse
@@ -71,9 +71,13 @@ def powersgd_state(start_iter: int = 2) -> powersgd.PowerSGDState:
 def serialised(hook):
     """Wait for each bucket's communication before DDP hands over the next bucket.
 
-    PowerSGD issues its second all-reduce from a callback on a gloo thread; with several
-    buckets those threads and the main thread race, and ranks issue all-reduces in
-    different orders. Waiting here fixes the order, at the cost of all overlap.
+    PowerSGD's hook all-reduces the uncompressed tensors from the calling thread, then P
+    in a first callback and Q in a second; gloo runs those callbacks on its two worker
+    threads, and each waits there for the all-reduce it started. With several buckets in
+    flight the ranks can issue their all-reduces in different orders, or both worker
+    threads can end up waiting in callbacks with none left to run the all-reduces.
+    Waiting here keeps one bucket in flight: equal orders and a free worker thread, at
+    the cost of all overlap.
     """
     def serialised_hook(state, bucket):
         future = hook(state, bucket)

@@ -10,6 +10,9 @@ or from the notebook: launch("03_bucketing_and_overlap/ddp_options.py", nproc=2)
    sizes at construction and after the rebuild, whether each .grad is a view into a
    bucket buffer, and the bytes of gradient memory (distinct storages of the .grad
    tensors and the bucket buffers).
+   Then, with gradient_as_bucket_view=True: is a .grad a view after backward; can it
+   be detached in place; is it still a view after being replaced, and after the next
+   backward?
 2. On BranchNet, whose branch is not used: with static_graph=True when no rank uses it,
    with find_unused_parameters=True when only rank 0 skips it. Each trains --steps
    steps; report whether the weights are identical on every rank.
@@ -80,6 +83,31 @@ for name, options in SETTINGS.items():
                grads_in_buckets=f"{views} of {len(grads)}",
                gradient_mib=sum({**grads, **buffers}.values()) / 2**20)
     del ddp, opt, recorder
+
+# ---------------------------------------------------------------- 1b. a gradient that is a view
+# With gradient_as_bucket_view=True, what may code do to a .grad? Detach it in place, and
+# replace it, then look at it after the next backward.
+ddp = DDP(make_mlp("mlp").to(device), bucket_cap_mb=4, gradient_as_bucket_view=True)
+for step in range(3):  # after the rebuild, the gradients are views into the buckets
+    ddp.zero_grad(set_to_none=False)
+    x, y = batch(rank, step)
+    F.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
+weight = ddp.module.fc1.weight
+view_after_backward = weight.grad._base is not None
+try:
+    weight.grad.detach_()
+    detach_error = ""
+except RuntimeError as exc:
+    detach_error = str(exc).split(". ")[0]
+weight.grad = weight.grad.clone()  # replaced by a tensor of its own
+view_after_assign = weight.grad._base is not None
+ddp.zero_grad(set_to_none=False)
+x, y = batch(rank, 3)
+F.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
+if rank == 0:
+    report(part="views", view_after_backward=view_after_backward, detach_error=detach_error,
+           view_after_assign=view_after_assign, view_after_next_backward=weight.grad._base is not None)
+del ddp
 
 # ---------------------------------------------------------------- 2. an unused branch
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
-from labutils import selfcheck
+from labutils import runfiles, selfcheck
 from labutils.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
 from labutils.tables import text_table
-from labutils.timing import AlphaBeta, fit_alpha_beta, format_bytes, format_seconds
+from labutils.timing import AlphaBeta, fit_alpha_beta, format_bytes
 
 MiB = 2**20
 FIRST_BUCKET_BYTES = 2**20  # DDP's small first bucket, used only when bucket_cap_mb is unset
@@ -24,44 +25,66 @@ def _part(records: Iterable[dict], part: str) -> list[dict]:
 
 
 def _members(params: list[str]) -> str:
-    """["fc5.bias", "fc5.weight", "fc4.bias", "fc4.weight"] -> "fc5, fc4" (layers, in order)."""
-    layers: list[str] = []
+    """["fc5.bias", "fc5.weight", "fc4.bias", "fc4.weight"] -> "fc5, fc4" (layers, in order);
+    a layer with only some of its tensors in the list is named with them ("fc1.bias")."""
+    layers: dict[str, list[str]] = {}
     for name in params:
-        layer = name.rsplit(".", 1)[0]
-        if layer not in layers:
-            layers.append(layer)
-    return ", ".join(layers)
+        layer, _, tensor = name.rpartition(".")
+        layers.setdefault(layer, []).append(tensor)
+    return ", ".join(layer if len(tensors) == 2 else f"{layer}.{'+'.join(tensors)}"
+                     for layer, tensors in layers.items())
 
 
 def cap_label(cap: str) -> str:
-    return "unset (25 MiB)" if cap == "default" else f"{float(cap):g} MiB"
+    """buckets.py's cap names as the tables print them."""
+    if cap == "default":
+        return "unset (25 MiB)"
+    if cap == "default+last":
+        return "unset, LAST_BUCKET_CAP"
+    return f"{float(cap):g} MiB"
 
 
 # ------------------------------------------------------------------ 2. buckets
 
 def bucket_table(records: Iterable[dict]) -> str:
-    """Per cap and iteration: each bucket the hook saw, its size and its layers."""
-    rows = []
+    """Per cap, iterations 0 and 1: each bucket the hook saw, its size and its layers;
+    then whether iteration 2 repeated iteration 1's buckets under every cap."""
+    rows, same = [], True
     for rec in _part(records, "buckets"):
+        calls = {it: [(c["index"], c["nbytes"], c["params"]) for c in rec["calls"] if c["iteration"] == it]
+                 for it in (1, 2)}
+        same = same and calls[1] == calls[2]
         for call in rec["calls"]:
-            rows.append([cap_label(rec["cap"]), call["iteration"], call["index"],
-                         format_bytes(call["nbytes"]), _members(call["params"])])
-    return text_table(["bucket_cap_mb", "iteration", "bucket", "size", "layers (in bucket order)"],
-                      rows, right=[1, 2, 3])
+            if call["iteration"] < 2:
+                rows.append([cap_label(rec["cap"]), call["iteration"], call["index"],
+                             f"{call['nbytes'] / MiB:.1f}", _members(call["params"])])
+    table = text_table(["bucket_cap_mb", "iteration", "bucket", "size (MiB)", "layers (in bucket order)"],
+                       rows, right=[1, 2, 3])
+    return f"{table}\niteration 2 has the same buckets as iteration 1 under every setting: {same}"
 
 
 def bucket_predictions(records: Iterable[dict]) -> str:
-    """DDP's rebuilt buckets against predict_buckets() on the gradient-ready order."""
+    """DDP's rebuilt buckets against predict_buckets() on the gradient-ready order.
+
+    With DDP_SET_LAST_BUCKET_CAP=1 the reducer walks the ready order backwards, so the
+    small cap goes to the bucket that is ready last; the buckets are then put back in
+    ready order.
+    """
     lines = []
     for rec in _part(records, "buckets"):
         log = rec["logging"]
         order = log["ready_order"]
+        last = rec["cap"] == "default+last"
+        if last:
+            order = order[::-1]
         sizes = [log["param_bytes"][name] for name in order]
         cap = log["bucket_cap_bytes"]
-        first = FIRST_BUCKET_BYTES if rec["cap"] == "default" else None
+        first = FIRST_BUCKET_BYTES if rec["cap"].startswith("default") else None
         predicted = [[order[i] for i in bucket] for bucket in predict_buckets(sizes, cap_bytes=cap, first_cap_bytes=first)]
+        if last:
+            predicted = predicted[::-1]
         verdict = "matches DDP" if predicted == log["rebuilt_params"] else "DIFFERS from DDP"
-        lines.append(f"cap {cap_label(rec['cap']):>15}: predicted {' | '.join(_members(b) for b in predicted)}"
+        lines.append(f"cap {cap_label(rec['cap']):>22}: predicted {' | '.join(_members(b) for b in predicted)}"
                      f"  -> {verdict}")
     return "\n".join(lines)
 
@@ -108,10 +131,12 @@ def timeline_lanes(record: dict, *, iteration: int) -> dict:
     }
 
 
-def overlap_summary(lanes: dict, logging: dict) -> str:
-    """The timeline's numbers, and DDP's own (sampled) averages for comparison."""
+def overlap_summary(lanes: dict, record: dict) -> str:
+    """The timeline's numbers, the same backward without communication, and DDP's own
+    (sampled) averages for comparison."""
     ms = 1e3
     comm = lanes["comm_s"]
+    logging = record["logging"]
     lines = [
         f"loss.backward() took                 {lanes['backward_s'] * ms:7.1f} ms",
         f"  computing, until the last gradient {lanes['compute_s'] * ms:7.1f} ms",
@@ -119,6 +144,9 @@ def overlap_summary(lanes: dict, logging: dict) -> str:
         f"some all-reduce in flight            {comm * ms:7.1f} ms (overlapping bars counted once)",
         f"  of it while still computing        {lanes['hidden_s'] * ms:7.1f} ms "
         f"= {lanes['hidden_s'] / comm:.0%} of the communication hidden behind compute",
+        f"the same backward under no_sync()    {min(record['backward_alone_s']) * ms:7.1f} ms "
+        "(no communication; fastest of "
+        f"{len(record['backward_alone_s'])})",
         "",
         "DDP's logging data, averaged over this DDP model's sampled iterations:",
         f"  avg_backward_compute_time              {logging['avg_backward_compute_ns'] / 1e6:7.1f} ms",
@@ -148,45 +176,70 @@ def alpha_beta_fit(records: Iterable[dict]) -> tuple[AlphaBeta, list[int], list[
     return fit_alpha_beta(rec["nbytes"], rec["seconds"]), rec["nbytes"], rec["seconds"]
 
 
-def sweep_series(records: Iterable[dict], fit: AlphaBeta) -> tuple[dict, dict, dict]:
-    """(measured, predicted, compute_only) for viz.plot_bucket_sweep, caps in MiB.
+def sweep_bounds(records: Iterable[dict]) -> list[dict]:
+    """Per model and cap of sweep.py: the measured step and the two predictions.
 
-    Predicted (no overlap): the step without communication plus, for every bucket DDP
-    made at that cap, one all-reduce of alpha + bytes / beta.
+    From the parts measured alone: F, B, O = forward, backward and optimizer step of
+    the same model under no_sync() (no communication); A_k = one plain all_reduce of
+    bucket k's size, on the same link. Then
+
+        no overlap      = F + B + O + sum(A_k)        every all-reduce adds to the step
+        perfect overlap = F + O + max(B + A_last, sum(A_k))
+
+    Perfect overlap: every all-reduce but the last runs while backward computes, and
+    the last bucket cannot start before backward ends; unless the all-reduces take
+    longer than the backward, then the link is busy back to back and they set the time.
     """
-    measured, predicted, floor = {}, {}, {}
+    compute = {r["model"]: r for r in _part(records, "compute")}
+    rows = []
     for rec in _part(records, "sweep"):
-        model = rec["model"]
-        if rec["cap_mb"] is None:
-            floor[model] = rec["seconds"]
-            continue
-        caps, secs = measured.setdefault(model, ([], []))
-        caps.append(rec["cap_mb"])
-        secs.append(rec["seconds"])
-    for rec in _part(records, "sweep"):
-        if rec["cap_mb"] is not None:
-            comm = sum(fit.predict(b) for b in rec["bucket_sizes"])
-            caps, secs = predicted.setdefault(rec["model"], ([], []))
-            caps.append(rec["cap_mb"])
-            secs.append(floor[rec["model"]] + comm)
-    return measured, predicted, floor
+        c = compute[rec["model"]]
+        alone = rec["alone_s"]
+        rows.append({
+            "model": rec["model"], "cap_mb": rec["cap_mb"], "bucket_sizes": rec["bucket_sizes"],
+            "buckets": len(rec["bucket_sizes"]), "measured_s": rec["seconds"],
+            "compute_s": c["forward_s"] + c["backward_s"] + c["optimizer_s"],
+            "backward_s": c["backward_s"], "comm_s": sum(alone), "last_s": alone[-1],
+            "perfect_s": c["forward_s"] + c["optimizer_s"] + max(c["backward_s"] + alone[-1], sum(alone)),
+            "none_s": c["forward_s"] + c["backward_s"] + c["optimizer_s"] + sum(alone),
+        })
+    return rows
+
+
+def sweep_series(records: Iterable[dict]) -> tuple[dict, dict, dict, dict]:
+    """(measured, perfect, none, compute_only) for viz.plot_bucket_sweep, caps in MiB."""
+    measured, perfect, none, floor = {}, {}, {}, {}
+    for row in sweep_bounds(records):
+        for series, key in ((measured, "measured_s"), (perfect, "perfect_s"), (none, "none_s")):
+            caps, secs = series.setdefault(row["model"], ([], []))
+            caps.append(row["cap_mb"])
+            secs.append(row[key])
+        floor[row["model"]] = row["compute_s"]
+    return measured, perfect, none, floor
 
 
 def sweep_table(records: Iterable[dict], fit: AlphaBeta) -> str:
-    """Per model and cap: buckets, measured step time, compute-only time, prediction."""
-    _, predicted, floor = sweep_series(records, fit)
+    """Per model and cap: buckets, the alpha-beta terms, both predictions and the step."""
+    ms = 1e3
     rows = []
-    for rec in _part(records, "sweep"):
-        if rec["cap_mb"] is None:
-            continue
-        model, cap = rec["model"], rec["cap_mb"]
-        pred = predicted[model][1][predicted[model][0].index(cap)]
-        n = len(rec["bucket_sizes"])
-        rows.append([model, format_bytes(rec["param_bytes"]), f"{cap:g}", n,
-                     format_seconds(n * fit.alpha_s), format_seconds(rec["seconds"]),
-                     format_seconds(floor[model]), format_seconds(pred)])
-    return text_table(["model", "gradients", "cap (MiB)", "buckets", "buckets x alpha", "step (measured)",
-                       "no communication", "predicted, no overlap"], rows, right=[1, 2, 3, 4, 5, 6, 7])
+    for r in sweep_bounds(records):
+        last = r["bucket_sizes"][-1]
+        rows.append([r["model"], f"{r['cap_mb']:g}", r["buckets"], f"{r['buckets'] * fit.alpha_s * ms:.1f}",
+                     f"{last / MiB:.2f}", f"{fit.predict(last) * ms:.1f}", f"{r['comm_s'] * ms:.0f}",
+                     f"{r['perfect_s'] * ms:.0f}", f"{r['measured_s'] * ms:.0f}", f"{r['none_s'] * ms:.0f}",
+                     f"{(r['none_s'] - r['measured_s']) / r['comm_s']:.0%}"])
+    return text_table(["model", "cap (MiB)", "buckets", "buckets x alpha (ms)", "last bucket (MiB)",
+                       "its all-reduce (ms)", "all-reduces alone (ms)", "perfect overlap (ms)",
+                       "step (ms)", "no overlap (ms)", "hidden"], rows, right=list(range(1, 11)))
+
+
+def sweep_check(records: Iterable[dict], *, model: str) -> str:
+    """Is the model's measured step between the two predictions at every cap that makes
+    2 or more buckets (with one bucket nothing can overlap: the predictions coincide)?"""
+    several = [r for r in sweep_bounds(records) if r["model"] == model and r["buckets"] >= 2]
+    caps = ", ".join(f"{r['cap_mb']:g}" for r in several)
+    ok = bool(several) and all(r["perfect_s"] <= r["measured_s"] <= r["none_s"] for r in several)
+    return f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions: {ok}"
 
 
 # ------------------------------------------------------------------ 5-6. accumulation, options
@@ -210,10 +263,10 @@ def options_table(records: Iterable[dict], *, with_time: bool) -> str:
         row = [rec["setting"], rec["initial_buckets"], rec["rebuilt_buckets"], rec["grads_in_buckets"],
                f"{rec['gradient_mib']:.1f}"]
         if with_time:
-            row.append(format_seconds(rec["seconds"]))
+            row.append(f"{rec['seconds'] * 1e3:.0f}")
         rows.append(row)
     header = ["setting", "buckets at start", "buckets rebuilt", ".grad views into buckets",
-              "gradient memory (MiB)"] + (["step time"] if with_time else [])
+              "gradient memory (MiB)"] + (["step time (ms)"] if with_time else [])
     return text_table(header, rows, right=[1, 2, 4] + ([5] if with_time else []))
 
 
@@ -241,11 +294,12 @@ def hooks_table(records: Iterable[dict]) -> str:
     for rec in _part(records, "hooks"):
         sent = rec["bytes_per_step"]
         base = base or sent[-1]
-        rows.append([rec["hook"], rec["bucket_cap_mb"], format_bytes(sent[0]), format_bytes(sent[-1]),
+        rows.append([rec["hook"], rec["bucket_cap_mb"], f"{sent[0] / MiB:.3f}", f"{sent[-1] / MiB:.3f}",
                      f"{base / sent[-1]:.0f}x", f"{rec['grad_rel_error']:.1e}",
-                     f"{rec['weights_max_diff']:.1e}", format_seconds(rec["seconds"])])
-    return text_table(["hook", "cap", "sent, step 1", "sent, last step", "less", "gradient error",
-                       "weights vs allreduce", "backward"], rows, right=[1, 2, 3, 4, 5, 6, 7])
+                     f"{rec['weights_max_diff']:.1e}", f"{rec['seconds'] * 1e3:.0f}"])
+    return text_table(["hook", "cap (MiB)", "sent, step 1 (MiB)", "sent, last step (MiB)", "less",
+                       "gradient error", "weights vs allreduce", "backward (ms)"], rows,
+                      right=[1, 2, 3, 4, 5, 6, 7])
 
 
 _ISSUE_RE = re.compile(r"all_reduce of\s+(\d+) floats from thread (\S+)")
@@ -254,6 +308,51 @@ _ISSUE_RE = re.compile(r"all_reduce of\s+(\d+) floats from thread (\S+)")
 def issue_orders(run) -> dict[int, list[tuple[int, str]]]:
     """Per rank, the all-reduces it issued in order: (floats, thread), from its stdout."""
     return {r.rank: [(int(n), t) for n, t in _ISSUE_RE.findall(r.stdout)] for r in run.ranks}
+
+
+_FRAME_RE = re.compile(r'File "[^"]*powerSGD_hook\.py", line (\d+) in (\w+)')
+
+
+def _powersgd_frames(stacks: Path) -> list[str]:
+    """Innermost powerSGD_hook.py frame of each thread in a rank's stack dump, as
+    "function (line N)"; a thread blocked in a callback waits there."""
+    try:
+        text = stacks.read_text(errors="replace")
+    except OSError:
+        return []
+    found = []
+    for thread in text.split("\n\n"):
+        m = _FRAME_RE.search(thread)
+        if m:
+            found.append(f"{m.group(2)} (line {m.group(1)})")
+    return found
+
+
+def race_report(run) -> str:
+    """What comm_hooks.py --powersgd-race did: each rank's all-reduces in issue order
+    (* = issued from a thread Python did not start, i.e. inside a future's callback on
+    one of gloo's worker threads), where the orders first differ, and how the run ended."""
+    orders = issue_orders(run)
+    lines = [f"rank {rank}: " + " ".join(f"{n}{'*' if t.startswith('Dummy') else ''}" for n, t in calls)
+             for rank, calls in orders.items()]
+    lines.append("(* = issued inside a callback, on one of gloo's threads)")
+    lines.append(first_difference(orders))
+    if run.hang:
+        where = sorted({c for c in run.hang.calls.values() if c})
+        lines.append(f"outcome: a hang; the ranks' main threads wait in {', '.join(where) or 'no call'}()")
+        for rank in sorted(orders):
+            blocked = _powersgd_frames(runfiles.stacks_path(run.log_dir, rank))
+            lines.append(f"  rank {rank}: {len(blocked)} thread(s) blocked inside PowerSGD's callbacks"
+                         + (f": {', '.join(blocked)}" if blocked else ""))
+    elif run.failure:
+        gloo = [ln.split("] ", 1)[-1].strip() for r in run.ranks for ln in r.stderr.splitlines()
+                if "doesn't match" in ln]
+        lines.append(f"outcome: rank {run.failure.rank} died ({run.failure.exc_type})")
+        if gloo:
+            lines.append(f"  gloo said: {gloo[0]}")
+    else:
+        lines.append(f"outcome: {run.reason}")
+    return "\n".join(lines)
 
 
 def first_difference(orders: dict[int, list[tuple[int, str]]]) -> str:
@@ -284,7 +383,8 @@ def check_answers(answers: dict) -> None:
 
 __all__ = [
     "bucket_table", "bucket_predictions", "bucket_sizes_for_plot", "timeline_lanes",
-    "overlap_summary", "trace_lanes", "alpha_beta_fit", "sweep_series", "sweep_table",
+    "overlap_summary", "trace_lanes", "alpha_beta_fit", "sweep_bounds", "sweep_series", "sweep_table",
+    "sweep_check",
     "accumulation_table", "options_table", "unused_table", "unused_indices", "hooks_table",
-    "issue_orders", "first_difference", "check_answers", "cap_label",
+    "issue_orders", "first_difference", "race_report", "check_answers", "cap_label",
 ]

@@ -18,6 +18,9 @@ WIDTHS = {
     # really make many small buckets. 0.4 M parameters (1.5 MiB) and 1.6 M (6 MiB).
     "deep128": (128,) * 25,
     "deep256": (256,) * 25,
+    # Many small tensors: 96 layers of width 64, 192 tensors (16 KiB weights, 256 B
+    # biases), 0.4 M parameters (1.5 MiB), so that tiny caps make many tiny all-reduces.
+    "deep96x64": (64,) * 97,
 }
 
 
@@ -28,6 +31,8 @@ def make_mlp(size: str = "mlp", *, seed: int = 0) -> nn.Sequential:
     layers: "OrderedDict[str, nn.Module]" = OrderedDict()
     for i, (n_in, n_out) in enumerate(zip(widths, widths[1:]), start=1):
         layers[f"fc{i}"] = nn.Linear(n_in, n_out)
+        if len(widths) > 30:  # keep activations from vanishing: tiny (denormal) floats compute slowly
+            nn.init.kaiming_normal_(layers[f"fc{i}"].weight, nonlinearity="relu")
         if i < len(widths) - 1:
             layers[f"relu{i}"] = nn.ReLU()
     return nn.Sequential(layers)

@@ -1,22 +1,27 @@
-"""Time a DDP training step for several bucket_cap_mb values and model sizes, and time
-plain all_reduce calls for the alpha-beta model that explains the curve.
+"""Time a DDP training step for several bucket_cap_mb values, against two predictions
+built from parts measured alone; and time plain all_reduce calls for alpha-beta.
 
-Run it on 2 ranks, from the lessons folder:
+Run it with one rank on each of 2 hosts (the lesson runs it on a virtual cluster whose
+links are capped, see labutils.cluster), or on one machine:
 
     torchrun --standalone --nproc-per-node 2 03_bucketing_and_overlap/sweep.py
 
-or from the notebook: launch("03_bucketing_and_overlap/sweep.py", nproc=2).
+or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=1).
 
-- all_reduce of float32 arrays from 4 KiB to 16 MiB: seconds per call (each call after
+- all_reduce of float32 arrays from 4 KiB to 4 MiB: seconds per call (each call after
   a barrier; the slowest rank's time; the fastest of 5), reported as part="alpha_beta".
-- per model (--models) and cap (--caps, MiB): 2 warm-up steps (the first one uses a
-  single bucket, the second rebuilds), then --steps rounds in which every setting takes
-  one timed step (forward, backward, SGD step). Reported: the fastest and the median of
-  the slowest rank's step times, and the bucket sizes DDP used. The same model under
-  no_sync() gives the step time without communication.
+- per model (--models) and cap (SWEEPS below, MiB): 3 warm-up steps (the first one uses a
+  single bucket, the second rebuilds), then --rounds rounds in which every setting takes
+  one timed step (forward, backward, SGD step); then, once per round, each bucket size
+  DDP made is all-reduced alone with a plain dist.all_reduce. The same model under
+  no_sync() (no communication at all) gives the compute: forward, backward and
+  optimizer step timed apart. Reported per cap (part="sweep"): the fastest step of the
+  slowest rank, the bucket sizes, and the fastest all-reduce time of each bucket alone;
+  per model (part="compute"): the phases of the fastest step without communication.
 
 On a machine shared with other work, the fastest of several tries is the measurement
-least disturbed by it; that is why minima are reported.
+least disturbed by it; that is why minima are reported, and why the rounds interleave
+the settings: a busy moment slows one round of every setting, not every try of one.
 """
 
 import argparse
@@ -35,12 +40,20 @@ from models import batch, make_mlp  # noqa: E402
 
 from labutils.ddp_probes import reducer_buckets  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
-from labutils.timing import median, time_calls  # noqa: E402
+from labutils.timing import time_calls  # noqa: E402
+
+# model: (items per rank and step, bucket_cap_mb values). The batches make backward
+# take about as long as the all-reduces on a 400 Mbit/s link, so that overlap matters.
+SWEEPS = {
+    # 48 tensors of 1 or 256 KiB: from 24 buckets (a layer each) to one.
+    "deep256": (3072, [0.25, 1, 4, 16]),
+    # 192 tensors of 256 B or 16 KiB: down to one bucket per tensor.
+    "deep96x64": (2048, [0.0002, 0.0625, 0.25, 1, 4]),
+}
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--models", default="deep128,deep256", help="model sizes from models.WIDTHS")
-parser.add_argument("--caps", default="0.0625,0.25,1,4,16", help="bucket_cap_mb values")
-parser.add_argument("--steps", type=int, default=9, help="timed rounds (one step of every setting each)")
+parser.add_argument("--models", default="deep256,deep96x64", help=f"among {', '.join(SWEEPS)}")
+parser.add_argument("--rounds", type=int, default=7, help="timed rounds (one step of every setting each)")
 args = parser.parse_args()
 
 rank, world_size, device = init()
@@ -53,64 +66,95 @@ def finish() -> None:
 
 
 def slowest(seconds: list[float]) -> list[float]:
-    """Per call, the time of the slowest rank: a step is only as fast as the last rank."""
+    """Per entry, the time of the slowest rank: a step is only as fast as the last rank."""
     t = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 
+def slowest_rank(phases: list[float]) -> list[float]:
+    """The phases of the rank whose total is the largest (every rank gets the same)."""
+    rows = torch.zeros(world_size, len(phases), dtype=torch.float64)
+    rows[rank] = torch.tensor(phases, dtype=torch.float64)
+    dist.all_reduce(rows)  # each rank filled its own row: the sum holds every row
+    return rows[rows.sum(dim=1).argmax()].tolist()
+
+
+def all_reduce_alone(nbytes: int) -> float:
+    """One plain all_reduce of nbytes of float32 after a barrier: seconds, slowest rank."""
+    x = torch.ones(nbytes // 4, device=device)
+    return slowest(time_calls(lambda: (dist.all_reduce(x), finish()), iters=1, warmup=0,
+                              sync=dist.barrier))[0]
+
+
 # ---------------------------------------------------------------- all_reduce: alpha and beta
 sizes, times = [], []
-for nbytes in [2**k for k in range(12, 25, 2)]:  # 4 KiB .. 16 MiB
-    x = torch.ones(nbytes // 4, device=device)
+for nbytes in [2**k for k in range(12, 23, 2)]:  # 4 KiB .. 4 MiB
+    all_reduce_alone(nbytes)  # warm-up
     sizes.append(nbytes)
-    times.append(min(slowest(time_calls(lambda: (dist.all_reduce(x), finish()), iters=5, sync=dist.barrier))))
+    times.append(min(all_reduce_alone(nbytes) for _ in range(5)))
 if rank == 0:
     report(part="alpha_beta", nbytes=sizes, seconds=times)
 
 
 # ---------------------------------------------------------------- step time per cap
-def make_step(ddp, opt, size: str, *, sync: bool):
-    """One training step of this model; without any all-reduce when sync is False."""
-    step = 0
+class Setting:
+    """One DDP model of the sweep; cap None: the same model under no_sync()."""
 
-    def one_step():
-        nonlocal step
-        x, y = batch(rank, step, size=size)
-        step += 1
-        with ddp.no_sync() if not sync else contextlib.nullcontext():
-            loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def __init__(self, size: str, cap: float | None) -> None:
+        self.size, self.cap, self.step_count = size, cap, 0
+        self.batch = SWEEPS[size][0]
+        self.ddp = DDP(make_mlp(size).to(device), bucket_cap_mb=cap if cap is not None else 1024)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
+        self.phases: list[list[float]] = []  # per timed step: forward, backward, optimizer
+        # the first step uses one bucket, the second rebuilds them, and DDP's logging
+        # data shows the rebuilt buckets from the third on
+        for _ in range(3):
+            self.step()
+        self.phases.clear()
+        info = reducer_buckets(self.ddp)
+        self.buckets = (info["rebuilt_sizes"] or info["initial_sizes"]) if cap is not None else []
+
+    def step(self) -> None:
+        x, y = batch(rank, self.step_count, size=self.size, n=self.batch)
+        self.step_count += 1
+        sync = self.cap is not None
+        t0 = time.perf_counter()
+        with self.ddp.no_sync() if not sync else contextlib.nullcontext():
+            loss = F.cross_entropy(self.ddp(x.to(device)), y.to(device))
+            finish()
+            t1 = time.perf_counter()
+            loss.backward()  # with sync: returns once every bucket is all-reduced
+            finish()
+            t2 = time.perf_counter()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         finish()
+        self.phases.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
 
-    return one_step
 
-
-caps = [None, *(float(c) for c in args.caps.split(","))]  # None: no communication (no_sync)
 for size in args.models.split(","):
-    models = []
-    for cap in caps:
-        ddp = DDP(make_mlp(size).to(device), bucket_cap_mb=cap if cap is not None else 1024)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        step = make_step(ddp, opt, size, sync=cap is not None)
-        for _ in range(2):  # the first step uses one bucket; the second rebuilds them
-            step()
-        models.append((cap, ddp, step))
-    # Interleave: round after round, one step of every setting, so that a busy moment of
-    # the machine slows all settings alike instead of ruining one of them.
-    step_times = {cap: [] for cap in caps}
-    for _ in range(args.steps):
-        for cap, _, step in models:
-            step_times[cap] += slowest(time_calls(step, iters=1, warmup=0, sync=dist.barrier))
-    for cap, ddp, _ in models:
-        info = reducer_buckets(ddp)
-        if rank == 0:
-            report(part="sweep", model=size, cap_mb=cap, seconds=min(step_times[cap]),
-                   median_seconds=median(step_times[cap]),
-                   bucket_sizes=info["rebuilt_sizes"] or info["initial_sizes"],
-                   param_bytes=info["total_parameter_size_bytes"])
-    del models
+    settings = [Setting(size, cap) for cap in [None, *SWEEPS[size][1]]]
+    alone: dict[int, list[float]] = {n: [] for s in settings for n in s.buckets}
+    for _ in range(args.rounds):
+        for s in settings:
+            dist.barrier()
+            s.step()
+        for nbytes, seconds in alone.items():  # each bucket size once per round
+            seconds.append(all_reduce_alone(nbytes))
+    for s in settings:
+        # per step the slowest rank's phases; the step with the smallest total counts
+        steps = [slowest_rank(p) for p in s.phases]
+        fastest = min(steps, key=sum)
+        if rank != 0:
+            continue
+        if s.cap is None:
+            report(part="compute", model=size, batch=s.batch, forward_s=fastest[0],
+                   backward_s=fastest[1], optimizer_s=fastest[2],
+                   param_bytes=reducer_buckets(s.ddp)["total_parameter_size_bytes"])
+        else:
+            report(part="sweep", model=size, cap_mb=s.cap, seconds=sum(fastest),
+                   bucket_sizes=s.buckets, alone_s=[min(alone[n]) for n in s.buckets])
+    del settings
 
 dist.destroy_process_group()
