@@ -176,6 +176,11 @@ def alpha_beta_fit(records: Iterable[dict]) -> tuple[AlphaBeta, list[int], list[
     return fit_alpha_beta(rec["nbytes"], rec["seconds"]), rec["nbytes"], rec["seconds"]
 
 
+def cap_mib(cap: float) -> str:
+    """A cap in MiB as the sweep plot labels it: 0.25 -> "1/4", 4 -> "4"."""
+    return f"1/{1 / cap:g}" if cap < 1 else f"{cap:g}"
+
+
 def sweep_bounds(records: Iterable[dict]) -> list[dict]:
     """Per model and cap of sweep.py: the measured step and the two predictions.
 
@@ -224,7 +229,7 @@ def sweep_table(records: Iterable[dict], fit: AlphaBeta) -> str:
     rows = []
     for r in sweep_bounds(records):
         last = r["bucket_sizes"][-1]
-        rows.append([r["model"], f"{r['cap_mb']:g}", r["buckets"], f"{r['buckets'] * fit.alpha_s * ms:.1f}",
+        rows.append([r["model"], cap_mib(r["cap_mb"]), r["buckets"], f"{r['buckets'] * fit.alpha_s * ms:.1f}",
                      f"{last / MiB:.2f}", f"{fit.predict(last) * ms:.1f}", f"{r['comm_s'] * ms:.0f}",
                      f"{r['perfect_s'] * ms:.0f}", f"{r['measured_s'] * ms:.0f}", f"{r['none_s'] * ms:.0f}",
                      f"{(r['none_s'] - r['measured_s']) / r['comm_s']:.0%}"])
@@ -237,7 +242,7 @@ def sweep_check(records: Iterable[dict], *, model: str) -> str:
     """Is the model's measured step between the two predictions at every cap that makes
     2 or more buckets (with one bucket nothing can overlap: the predictions coincide)?"""
     several = [r for r in sweep_bounds(records) if r["model"] == model and r["buckets"] >= 2]
-    caps = ", ".join(f"{r['cap_mb']:g}" for r in several)
+    caps = ", ".join(cap_mib(r["cap_mb"]) for r in several)
     ok = bool(several) and all(r["perfect_s"] <= r["measured_s"] <= r["none_s"] for r in several)
     return f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions: {ok}"
 
@@ -384,7 +389,7 @@ def check_answers(answers: dict) -> None:
 __all__ = [
     "bucket_table", "bucket_predictions", "bucket_sizes_for_plot", "timeline_lanes",
     "overlap_summary", "trace_lanes", "alpha_beta_fit", "sweep_bounds", "sweep_series", "sweep_table",
-    "sweep_check",
+    "sweep_check", "cap_mib",
     "accumulation_table", "options_table", "unused_table", "unused_indices", "hooks_table",
     "issue_orders", "first_difference", "race_report", "check_answers", "cap_label",
 ]

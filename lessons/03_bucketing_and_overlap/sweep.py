@@ -48,7 +48,7 @@ SWEEPS = {
     # 48 tensors of 1 or 256 KiB: from 24 buckets (a layer each) to one.
     "deep256": (3072, [0.25, 1, 4, 16]),
     # 192 tensors of 256 B or 16 KiB: down to one bucket per tensor.
-    "deep96x64": (2048, [0.0002, 0.0625, 0.25, 1, 4]),
+    "deep96x64": (2048, [2**-12, 0.0625, 0.25, 1, 4]),
 }
 
 parser = argparse.ArgumentParser()
