@@ -14,8 +14,8 @@ or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=
   single bucket, the second rebuilds), then --rounds rounds in which every setting takes
   one timed step (forward, backward, SGD step); then, once per round, each bucket size
   DDP made is all-reduced alone with a plain dist.all_reduce. The same model under
-  no_sync() (no communication at all) gives the compute: forward, backward and
-  optimizer step timed apart. Reported per cap (part="sweep"): the fastest step of the
+  no_sync() (no communication at all), twice per round, gives the compute: forward,
+  backward and optimizer step timed apart. Reported per cap (part="sweep"): the fastest step of the
   slowest rank, the bucket sizes, and the fastest all-reduce time of each bucket alone;
   per model (part="compute"): the phases of the fastest step without communication.
 
@@ -138,8 +138,9 @@ for size in args.models.split(","):
     alone: dict[int, list[float]] = {n: [] for s in settings for n in s.buckets}
     for _ in range(args.rounds):
         for s in settings:
-            dist.barrier()
-            s.step()
+            for _ in range(2 if s.cap is None else 1):  # the compute alone is cheap: twice
+                dist.barrier()
+                s.step()
         for nbytes, seconds in alone.items():  # each bucket size once per round
             seconds.append(all_reduce_alone(nbytes))
     for s in settings:
