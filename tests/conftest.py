@@ -97,20 +97,26 @@ def write_script(tmp_path):
 PYTHON = sys.executable
 
 
-@pytest.fixture
-def kernel(tmp_path, runs_dir):
-    """A real ipykernel (this Python) started with jupyter_client, and its client."""
+def this_python_kernel(tmp_path, name: str):
+    """A KernelManager for an ipykernel on this Python, through a kernelspec in tmp_path
+    (not started; the caller starts it, or hands it to nbclient)."""
     from jupyter_client import KernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
-    spec_dir = tmp_path / "kernels" / "labutils-test"
+    spec_dir = tmp_path / "kernels" / name
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "labutils test", "language": "python",
+        "display_name": name, "language": "python",
     }))
-    km = KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
-                       kernel_name="labutils-test")
+    return KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
+                         kernel_name=name)
+
+
+@pytest.fixture
+def kernel(tmp_path, runs_dir):
+    """A real ipykernel (this Python) started with jupyter_client, and its client."""
+    km = this_python_kernel(tmp_path, "labutils-test")
     km.start_kernel(cwd=str(tmp_path), env={**os.environ, "LABUTILS_RUNS_DIR": str(runs_dir)})
     kc = km.client()
     kc.start_channels()

@@ -265,21 +265,14 @@ def test_hang_on_nccl_names_the_straggler_and_leaves_no_process(runs_dir, write_
 @needs_gpus(1)
 def test_lesson00_notebook_runs_with_the_gpus_visible(runs_dir, tmp_path):
     import nbformat
-    from jupyter_client import KernelManager
-    from jupyter_client.kernelspec import KernelSpecManager
     from nbclient import NotebookClient
 
-    spec_dir = tmp_path / "kernels" / "course"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "course", "language": "python",
-    }))
+    from conftest import this_python_kernel
+
     nb = nbformat.read(LESSONS / "00_first_distributed_run.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(
         "import torch\nprint('gpus seen by the kernel:', torch.cuda.device_count())"))
-    km = KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
-                       kernel_name="course")
+    km = this_python_kernel(tmp_path, "course")
     client = NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(LESSONS)}})
     try:
         client.execute(env={**os.environ})  # raises CellExecutionError on the first failing cell
