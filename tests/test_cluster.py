@@ -268,3 +268,17 @@ def test_stale_cleaning_spares_live_owners(namespaces_allowed):
         assert c.switch not in cl.clean_stale()  # owned by this live process
         assert len(_ours(tag)["namespaces"]) == 2
     assert _gone(tag) == {}
+
+
+def test_a_rank_reads_its_hosts_link_only_on_a_cluster(monkeypatch):
+    from labutils import runfiles
+    from labutils.dist import link_bytes
+
+    monkeypatch.delenv(runfiles.ENV_LINK, raising=False)
+    assert link_bytes() is None  # not on a virtual cluster
+    monkeypatch.setenv(runfiles.ENV_LINK, "lo")
+    counters = link_bytes()
+    assert set(counters) == {"sent", "received"} and counters["sent"] >= 0
+    monkeypatch.setenv(runfiles.ENV_LINK, "no-such-link")
+    with pytest.raises(RuntimeError, match="LABUTILS_LINK=no-such-link"):
+        link_bytes()

@@ -181,7 +181,7 @@ def test_wire_summary_without_a_link(lesson07):
 
 
 def test_fsdp_wire_ways_learn_the_same_and_log_their_collectives(runs_dir, lesson07):
-    # on loopback (no --links): no bytes counted, everything else as on the cluster
+    # on loopback (no virtual cluster): no bytes counted, everything else as on the cluster
     result = launch(LESSON / "fsdp_wire.py", 2, args=["--steps", "1"], display="none",
                     hang_timeout=90, timeout=300)
     assert result.ok, result.summary()

@@ -215,7 +215,6 @@ def test_ddp_on_two_hosts_sends_parameters_once_and_gradients_each_step(lesson_m
         if cluster.mode != "namespaces":
             pytest.skip(f"virtual cluster on loopback here: {cluster.reason}")
         result = cluster.launch(LESSON01 / "ddp_train.py", nproc=1, display="none", timeout=240,
-                                env={"LESSON01_LINKS": ",".join(cluster.interfaces)},
                                 args=["--steps", "1", "--timing-steps", "0", "--link-steps", "2", "--batch", "16"])
     assert result.ok, result.summary()
     lesson01.check_link(result.records, world_size=2)
@@ -296,7 +295,7 @@ def test_ring_bench_counts_each_hosts_link_bytes_on_a_virtual_cluster(runs_dir):
             pytest.skip(f"virtual cluster on loopback here: {cluster.reason}")
         result = cluster.launch(LESSON02 / "ring_bench.py", nproc=1, display="none", timeout=240,
                                 args=["--skip-checks", "--min-bytes", str(size), "--max-bytes",
-                                      str(size), "--iters", "1", "--link-iface", *cluster.interfaces])
+                                      str(size), "--iters", "1"])
     assert result.ok, result.summary()
     sent = {r["algorithm"]: [b / size for b in r["link_sent"]] for r in result.records}
     expected = {"library": [4 / 3] * 3, "ring": [4 / 3] * 3, "pipelined ring": [4 / 3] * 3,

@@ -22,7 +22,7 @@ the notebook shows arrives through report(). The parts:
    b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
       with and without gradient synchronisation;
    c. with --link-steps steps: bytes through this host's network link (on the
-      notebook's virtual cluster, which names the links in LESSON01_LINKS) while
+      notebook's virtual cluster: labutils.dist.link_bytes()) while
       DDP(model) is built, and per training step of FEW_BIG_OPS with --batch
       samples per rank.
 
@@ -33,7 +33,6 @@ with a CPU module).
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -50,7 +49,7 @@ from model import (  # noqa: E402
     param_bytes, shard,
 )
 
-from labutils.dist import init, report  # noqa: E402
+from labutils.dist import init, link_bytes, report  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--per-rank-batch", type=int, default=8, help="samples per rank in the proof")
@@ -128,21 +127,6 @@ if rank == 0:
     report(part="final parameters", params=params)
 
 # ---------------------------------------------------------------- 4. measurements
-
-
-def link_bytes() -> dict | None:
-    """Bytes received and sent so far through this host's link (None when the run
-    is not on the virtual cluster). /proc/net/dev lists the interfaces of the
-    reading process's own network namespace, i.e. of this host."""
-    links = os.environ.get("LESSON01_LINKS", "").split(",")
-    host = int(os.environ.get("GROUP_RANK", "0"))  # torchrun: this node's rank = the host
-    name = links[host] if host < len(links) else ""
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        interface, counters = line.split(":", 1)
-        if name and interface.strip() == name:
-            fields = counters.split()
-            return {"received": int(fields[0]), "sent": int(fields[8])}
-    return None
 
 
 def moved(before: dict | None, after: dict | None, steps: int = 1) -> dict:

@@ -20,9 +20,9 @@ args=["--skip-checks", ...]). Three parts:
    (times 4 each step) on every rank, the library against the algorithms of ring.py.
    Each call starts after a barrier; a call's time is that of the slowest rank; rank 0
    reports the median per size. --check-only skips this part, --skip-checks parts 1-2.
-   With --link-iface (the interfaces of a virtual cluster's links), every rank also
-   counts the bytes its host's link carried during the untimed warm-up call, headers
-   included, and rank 0 reports them with the timings.
+   On a virtual cluster (labutils.cluster), every rank also counts the bytes its host's
+   link carried during the untimed warm-up call, headers included
+   (labutils.dist.link_bytes()), and rank 0 reports them with the timings.
 
 Runs on gloo (CPU) and NCCL (GPUs): tensors live on the device init() picked.
 """
@@ -39,7 +39,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))  # ring.py sits next to this file
 from ring import ALGORITHMS, pipelined_ring_all_reduce  # noqa: E402
 
-from labutils.dist import init, report  # noqa: E402
+from labutils.dist import init, link_bytes, report  # noqa: E402
 from labutils.timing import median, time_calls  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -51,11 +51,10 @@ parser.add_argument("--iters", type=int, default=0,
                     help="timed calls per size (default: 8 up to 128 KiB, 5 up to 2 MiB, then 3)")
 parser.add_argument("--check-only", action="store_true", help="skip the timing sweep")
 parser.add_argument("--skip-checks", action="store_true", help="only the timing sweep")
-parser.add_argument("--link-iface", nargs="+", default=[],
-                    help="network interfaces whose bytes count as this rank's link")
 args = parser.parse_args()
 
 rank, world_size, device = init()
+on_cluster = link_bytes() is not None  # a virtual cluster names this host's link
 CHECK_SIZES = (1, 2, 3, 5, 7, 10, 1001, 4099)  # elements; most are not multiples of 2, 3, 4
 TRAFFIC_SIZE = 1001
 
@@ -119,18 +118,6 @@ def sync() -> None:
     dist.barrier()
 
 
-def link_bytes() -> tuple[int, int]:
-    """(sent, received) bytes so far through the --link-iface interfaces this rank's host
-    has (/proc/net/dev lists the interfaces of the rank's own network namespace)."""
-    sent = received = 0
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, counters = line.split(":", 1)
-        if name.strip() in args.link_iface:
-            fields = counters.split()
-            received, sent = received + int(fields[0]), sent + int(fields[8])
-    return sent, received
-
-
 def library(tensor: torch.Tensor, group=None) -> torch.Tensor:
     dist.all_reduce(tensor, group=group)
     return tensor
@@ -147,19 +134,20 @@ while nbytes <= args.max_bytes:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         sync()
-        before = link_bytes()
+        before = link_bytes() or {"sent": 0, "received": 0}
         call()  # the warm-up call, not timed: its bytes on the link are counted
         sync()  # every rank has received everything: every byte has crossed the links
-        on_link = torch.tensor([b - a for a, b in zip(before, link_bytes())],
+        after = link_bytes() or {"sent": 0, "received": 0}
+        on_link = torch.tensor([after[k] - before[k] for k in ("sent", "received")],
                                dtype=torch.float64, device=device)
         times = torch.tensor(time_calls(call, iters=iters, warmup=0, sync=sync), device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
         every_link = [torch.zeros_like(on_link) for _ in range(world_size)]
-        if args.link_iface:
+        if on_cluster:
             dist.all_gather(every_link, on_link)
         if rank == 0:
             extra = {}
-            if args.link_iface:
+            if on_cluster:
                 extra = {"link_sent": [int(t[0]) for t in every_link],
                          "link_received": [int(t[1]) for t in every_link]}
             report(algorithm=name, nbytes=nbytes, seconds=median(times.tolist()), iters=iters,

@@ -4,7 +4,7 @@ Run it on a virtual cluster of 2 hosts with 1 rank each, from the lessons folder
 
     from labutils.cluster import virtual_cluster
     cluster = virtual_cluster(2, link="200mbit")
-    cluster.launch("07_beyond_ddp/fsdp_wire.py", nproc=1, args=["--links", *cluster.interfaces])
+    cluster.launch("07_beyond_ddp/fsdp_wire.py", nproc=1)
 
 or with plain torchrun on 2 ranks of one machine (then no bytes are counted):
 
@@ -21,15 +21,14 @@ step by step, so that whatever else loads the machine slows every way alike:
   (n-1)/n of the gradients, as a ring reduce-scatter does. gloo's own
   reduce_scatter_tensor all-reduces the whole input and keeps its chunk.
 
-Per way and step: the step time; the bytes this rank's network interface sent during
-the step (/proc/net/dev of the rank's own network namespace, the counters that
-cluster.counters(host) reads from outside; read after a barrier, so that every byte of
+Per way and step: the step time; the bytes this rank's host link sent during the step
+(labutils.dist.link_bytes(): the counters that cluster.counters(host) reads from
+outside, read by the rank from its own network namespace; after a barrier, so that every byte of
 the step has left); the time this rank spent inside FSDP2's collectives (a clock around
 each call); the collectives FSDP2 issued (CollectiveLog); the loss.
 """
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,28 +43,18 @@ sys.path.insert(0, str(Path(__file__).parent))  # models.py and probes.py sit ne
 from models import TinyTransformer, lm_loss, token_batch  # noqa: E402
 from probes import CollectiveLog  # noqa: E402
 
-from labutils.dist import init, report  # noqa: E402
+from labutils.dist import init, link_bytes, report  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=6, help="timed steps per way, after 2 warm-up steps")
-parser.add_argument("--links", nargs="*", default=[], help="each host's network interface, host 0 first")
 args = parser.parse_args()
 
 rank, world_size, device = init()
 mesh = init_device_mesh(device.type, (world_size,))
-host = int(os.environ.get("GROUP_RANK", "0"))  # torchrun's node rank: the host this rank runs on
-interface = args.links[host] if host < len(args.links) else None
-
-
 def bytes_sent() -> int | None:
-    """Bytes this host's network interface has sent so far (None: no interface given)."""
-    if interface is None:
-        return None
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, _, fields = line.partition(":")
-        if name.strip() == interface:
-            return int(fields.split()[8])  # the 9th field is the transmitted bytes
-    raise RuntimeError(f"no interface {interface} in this rank's network namespace")
+    """Bytes this host's link has sent so far (None: not on a virtual cluster)."""
+    counters = link_bytes()
+    return None if counters is None else counters["sent"]
 
 
 class AllToAllReduceScatter:

@@ -371,9 +371,14 @@ class VirtualCluster:
         rdzv_id = rdzv_id or f"{Path(str(script)).stem}-{uuid.uuid4().hex[:8]}"
         endpoint = f"{self.addresses[0]}:{free_port(self.addresses[0])}"
         root = runs_root(log_dir).resolve()
-        common = dict(nnodes=self.hosts, rdzv_endpoint=endpoint, rdzv_id=rdzv_id,
-                      log_dir=root, args=args, env=env, **launch_kwargs)
-        job = prepare(script, nproc, node_rank=0, display=display, **common)  # checks input
+        def node_env(host: int) -> dict[str, str]:  # labutils.dist.link_bytes() reads it
+            name = self.interfaces[host] if self.mode == "namespaces" else None
+            link = {runfiles.ENV_LINK: name} if name else {}
+            return {**(env or {}), **link}
+
+        job = prepare(script, nproc, node_rank=0, display=display, env=node_env(0),  # checks input
+                      nnodes=self.hosts, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=root,
+                      args=args, **launch_kwargs)
         job.notes.append(f"virtual cluster: {self.describe()}")
         argv = [sys.executable, "-m", "labutils.cli", "launch", "-n", str(nproc),
                 "--nnodes", str(self.hosts), "--rdzv-endpoint", endpoint,
@@ -392,7 +397,7 @@ class VirtualCluster:
                     self.command(host, [*argv, "--node-rank", str(host), *tail]),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    env={**os.environ, **(env or {}), runfiles.ENV_DIE_WITH: str(os.getpid())})
+                    env={**os.environ, **node_env(host), runfiles.ENV_DIE_WITH: str(os.getpid())})
                 nodes.append((proc, out))
                 threading.Thread(target=watch_node, args=(proc, job.run_dir, f"node{host}"),
                                  name=f"labutils-node{host}", daemon=True).start()

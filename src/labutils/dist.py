@@ -172,6 +172,23 @@ def _maybe_inject_fault(values: dict) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def link_bytes() -> dict[str, int] | None:
+    """Bytes sent and received so far through this host's link, when the rank runs on
+    a virtual cluster (labutils.cluster names the link in LABUTILS_LINK); None
+    elsewhere. /proc/net/dev lists the interfaces of the rank's own network namespace,
+    i.e. of its host. Differences of two readings are what crossed the wire between."""
+    name = os.environ.get(runfiles.ENV_LINK)
+    if not name:
+        return None
+    with open("/proc/net/dev") as f:
+        for line in f.read().splitlines()[2:]:
+            interface, _, counters = line.partition(":")
+            if interface.strip() == name:
+                fields = counters.split()
+                return {"received": int(fields[0]), "sent": int(fields[8])}
+    raise RuntimeError(f"{runfiles.ENV_LINK}={name}, but this rank's network has no such interface")
+
+
 def print0(*args: Any, **kwargs: Any) -> None:
     """print() on rank 0 only; other ranks stay quiet."""
     if rank() == 0:

@@ -49,6 +49,9 @@ ENV_DIE_WITH = "LABUTILS_DIE_WITH"
 # "step": S}: the rank of agent A that reports step S first SIGKILLs that agent, then
 # itself (the agent's other ranks die with it).
 ENV_FAULT = "LABUTILS_FAULT"
+# The network interface of this host's link on a virtual cluster (labutils.cluster),
+# set for every node it launches: labutils.dist.link_bytes() reads its counters.
+ENV_LINK = "LABUTILS_LINK"
 
 STREAMS = ("stdout", "stderr")
 
