@@ -39,7 +39,7 @@ from pathlib import Path
 T_IMPORT = time.monotonic()
 import labutils  # noqa: E402 - timed: a notebook pays this once per kernel
 from labutils import launch  # noqa: E402
-from labutils.display import Display, TextDisplay  # noqa: E402
+from labutils.notebook.display import Display, TextDisplay  # noqa: E402
 
 IMPORT_S = time.monotonic() - T_IMPORT
 

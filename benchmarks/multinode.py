@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labutils._proc import free_port
+from labutils.runtime.procs import free_port
 from labutils.cluster import virtual_cluster
 
 JOB = """\

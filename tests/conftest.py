@@ -37,7 +37,7 @@ def distributed_pids() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     found = []
     for line in out.splitlines():
-        if not ("labutils._agent" in line or "labutils.worker" in line
+        if not ("labutils.runtime.agent" in line or "labutils.runtime.worker" in line
                 or "torch.distributed.run" in line) or "ps -eo" in line:
             continue
         pid, stat = line.split()[:2]

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from labutils import cluster as cl
+from labutils.cluster import virtual as cl
 from labutils.errors import LaunchConfigError
 
 pytestmark = pytest.mark.timeout(240)
@@ -225,7 +225,7 @@ def _driver(job, tmp_path):
 def _ranks_of(run_root) -> list[int]:
     import psutil
 
-    from labutils import runfiles
+    from labutils.runtime import runfiles
 
     left = []
     for proc in psutil.process_iter():
@@ -271,7 +271,7 @@ def test_stale_cleaning_spares_live_owners(namespaces_allowed):
 
 
 def test_a_rank_reads_its_hosts_link_only_on_a_cluster(monkeypatch):
-    from labutils import runfiles
+    from labutils.runtime import runfiles
     from labutils.dist import link_bytes
 
     monkeypatch.delenv(runfiles.ENV_LINK, raising=False)

@@ -1,4 +1,4 @@
-"""labutils.ddp_probes.CollectiveLog: what it records, and that it puts torch back.
+"""labutils.course.ddp_probes.CollectiveLog: what it records, and that it puts torch back.
 
 One gloo process group of one rank in this process (the lessons use it on 2-4 ranks:
 lesson 03's PowerSGD counts, lesson 07's ZeRO, FSDP2 and tensor-parallel traffic).
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labutils.ddp_probes import CollectiveLog, count_all_reduces
+from labutils.course.ddp_probes import CollectiveLog, count_all_reduces
 from labutils.errors import InputError
 
 

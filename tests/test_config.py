@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labutils import LaunchConfigError, ScriptSyntaxError, launch
-from labutils.config import MAX_NPROC
+from labutils.run.spec import MAX_NPROC
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_syntax_error_names_file_and_line(write_script, runs_dir):
 
 
 def test_random_fault_step_is_reproducible():
-    from labutils.config import check_fault
+    from labutils.run.spec import check_fault
 
     a = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)
     b = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)

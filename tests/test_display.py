@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from labutils.diagnosis import Failure
-from labutils.display import TextDisplay
-from labutils.result import RankResult, RunResult
+from labutils.run.diagnosis import Failure
+from labutils.notebook.display import TextDisplay
+from labutils.run.result import RankResult, RunResult
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
 
@@ -59,7 +59,7 @@ def test_a_traceback_repeated_by_other_ranks_is_shown_once():
 
 
 def test_a_repeat_arriving_in_pieces_is_folded_and_settles_when_idle(monkeypatch):
-    import labutils.display as display_module
+    import labutils.notebook.display as display_module
 
     d, _, err = display()
     d.lines(0, "stderr", traceback_lines(0))

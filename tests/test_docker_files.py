@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labutils.kubernetes import CONTAINER_COURSE_DIR
+from labutils.cluster.kubernetes import CONTAINER_COURSE_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
@@ -261,7 +261,7 @@ def test_dockerignore_keeps_local_and_generated_files_out():
     for path in (".venv", ".git", "runs", "lessons/runs", "lessons/03_bucketing_and_overlap/__pycache__",
                  "src/labutils.egg-info", "test-artifacts"):
         assert dockerignored(path), path
-    for path in ("src/labutils/cli.py", "lessons/index.ipynb", "labs/README.md", "requirements.lock"):
+    for path in ("src/labutils/run/cli.py", "lessons/index.ipynb", "labs/README.md", "requirements.lock"):
         assert not dockerignored(path), path
 
 
@@ -314,7 +314,7 @@ def test_compose_nodes_run_a_real_lesson_script_the_image_holds():
 
 
 def test_compose_nodes_form_one_two_node_job():
-    from labutils.cli import build_parser
+    from labutils.run.cli import build_parser
 
     parser = build_parser()
     launch = parser._subparsers._group_actions[0].choices["launch"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from labutils import launch
-from labutils.cli import build_parser, launch_kwargs
-from labutils.runfiles import events_path
+from labutils.run.cli import build_parser, launch_kwargs
+from labutils.runtime.runfiles import events_path
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = SCRIPTS / "elastic_steps.py"

@@ -11,14 +11,14 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from labutils.cli import main as cli
-from labutils.diagnosis import Failure, Hang
+from labutils.run.cli import main as cli
+from labutils.run.diagnosis import Failure, Hang
 from labutils.grading import report
 from labutils.grading.batch import GradingError, grade, load_lab, submission_names
 from labutils.grading.checks import Checker, CheckResult, Part, Run, check, collect_checks, run_check
 from labutils.grading.execute import first_error
 from labutils.grading.notebook import cell_label, read_notebook, restore_locked_cells
-from labutils.result import RankResult, RunResult
+from labutils.run.result import RankResult, RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(p.name for p in (REPO / "labs").iterdir() if (p / "lab.json").is_file())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import execute_reply, iopub_until
-from labutils._proc import pid_alive
+from labutils.runtime.procs import pid_alive
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -50,7 +50,7 @@ def _agent_pids(kernel_pid: int) -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.Process(kernel_pid).children(recursive=True)
-            if "labutils._agent" in " ".join(p.cmdline())]
+            if "labutils.runtime.agent" in " ".join(p.cmdline())]
 
 
 @pytest.mark.slow

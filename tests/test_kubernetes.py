@@ -1,4 +1,4 @@
-"""labutils.kubernetes: the PyTorchJob manifest, read the way the operator and torchrun read it.
+"""labutils.cluster.kubernetes: the PyTorchJob manifest, read the way the operator and torchrun read it.
 
 No cluster runs here. Each pod's command is checked as it would run: the environment the
 Kubeflow training operator injects (see the module docstring) is simulated per pod, the
@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from labutils.errors import InputError
-from labutils.kubernetes import (CONTAINER_COURSE_DIR, RENDEZVOUS_PORT, add_subcommand, pytorchjob,
+from labutils.cluster.kubernetes import (CONTAINER_COURSE_DIR, RENDEZVOUS_PORT, add_subcommand, pytorchjob,
                                  to_yaml)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_shared_volume_gets_every_pods_logs(monkeypatch):
 
 
 def test_labutils_launcher_command_parses_with_the_cli():
-    from labutils.cli import build_parser
+    from labutils.run.cli import build_parser
 
     parser = build_parser()
     launch = parser._subparsers._group_actions[0].choices["launch"]
@@ -298,7 +298,7 @@ def test_script_outside_the_course_folder(tmp_path):
 
 
 def cli(argv: list[str]) -> argparse.Namespace:
-    """Parse like labutils.cli.main: the subcommand registered by add_subcommand, -- cut off."""
+    """Parse like labutils.run.cli.main: the subcommand registered by add_subcommand, -- cut off."""
     parser = argparse.ArgumentParser(prog="labutils")
     add_subcommand(parser.add_subparsers(dest="command", required=True))
     cut = argv.index("--") if "--" in argv else len(argv)

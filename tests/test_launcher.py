@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from labutils import launch
-from labutils._proc import pid_alive
-from labutils.display import TextDisplay
+from labutils.runtime.procs import pid_alive
+from labutils.notebook.display import TextDisplay
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

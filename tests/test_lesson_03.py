@@ -15,7 +15,7 @@ LESSON = Path(__file__).resolve().parents[1] / "lessons" / "03_bucketing_and_ove
 sys.path.insert(0, str(LESSON))
 import lesson03 as L  # noqa: E402
 
-from labutils.timing import AlphaBeta  # noqa: E402
+from labutils.course.timing import AlphaBeta  # noqa: E402
 
 MiB = 2**20
 

@@ -59,7 +59,7 @@ def test_saved_activations_of_a_block_are_16_values_per_token_and_width(probes):
 
 
 def test_rank_scripts_use_the_labutils_collective_log(probes):
-    from labutils import ddp_probes
+    from labutils.course import ddp_probes
 
     # one recorder for lesson 03 and lesson 07: tested in tests/test_collective_log.py
     assert probes.CollectiveLog is ddp_probes.CollectiveLog

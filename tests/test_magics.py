@@ -12,8 +12,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from labutils import magics
-from labutils.result import RunResult
+from labutils.notebook import magics
+from labutils.run.result import RunResult
 
 CELL = """\
 import sys

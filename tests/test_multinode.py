@@ -17,13 +17,13 @@ import warnings
 import psutil
 import pytest
 
-from labutils import runfiles
-from labutils.cli import build_parser, launch_kwargs
-from labutils.config import make_spec, torchrun_command
-from labutils.display import Display
+from labutils.runtime import runfiles
+from labutils.run.cli import build_parser, launch_kwargs
+from labutils.run.spec import make_spec, torchrun_command
+from labutils.notebook.display import Display
 from labutils.errors import LaunchConfigError
 from labutils.cluster import VirtualCluster, virtual_cluster
-from labutils.network import interface_env, route_interface
+from labutils.cluster.network import interface_env, route_interface
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -181,7 +181,7 @@ def test_multinode_spec_and_torchrun_command(job):
                      rdzv_id="job-7")
     assert spec.multinode and not spec.elastic and spec.world_size == 4
     cmd = torchrun_command(spec, port=1, run_id="ignored")
-    args = cmd[cmd.index("labutils._agent") + 1:]
+    args = cmd[cmd.index("labutils.runtime.agent") + 1:]
     from torch.distributed.run import get_args_parser
 
     parsed = get_args_parser().parse_args(args)
@@ -215,7 +215,7 @@ def test_bad_multinode_input_is_one_line(job, kwargs, what):
 
 
 def test_unresolvable_endpoint_fails_before_anything_starts(job, tmp_path):
-    from labutils.launcher import launch
+    from labutils.run.launcher import launch
 
     with pytest.raises(LaunchConfigError, match="rdzv_endpoint: expected a host"):
         launch(job, 2, nnodes=2, node_rank=0, rdzv_endpoint="no-such-host.invalid:29500",
@@ -224,7 +224,7 @@ def test_unresolvable_endpoint_fails_before_anything_starts(job, tmp_path):
 
 
 def test_reusing_a_finished_job_name_is_refused(job, tmp_path):
-    from labutils.launcher import launch
+    from labutils.run.launcher import launch
 
     (tmp_path / "done-job").mkdir()
     (tmp_path / "done-job" / "summary-node0.json").write_text("{}")
@@ -264,7 +264,7 @@ def test_cli_node_flags(job):
 def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "labutils.cli", "launch", "-n", "2",
+    done = subprocess.run([sys.executable, "-m", "labutils.run.cli", "launch", "-n", "2",
                            "--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint",
                            "127.0.0.1:29500", "--rdzv-id", "j", str(job)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
@@ -274,7 +274,7 @@ def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
 
 def test_without_root_both_nodes_run_on_loopback_and_say_why(job, tmp_path, monkeypatch, capsys):
     """What a learner without root gets: the same job, both nodes on this machine."""
-    import labutils.cluster as cluster
+    import labutils.cluster.virtual as cluster
 
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
     with virtual_cluster(2) as hosts:
@@ -311,10 +311,10 @@ def test_node_1_that_cannot_start_ends_the_job_at_once(job, tmp_path):
 
 
 def test_a_lone_node_says_it_waits_for_the_others(job, tmp_path, monkeypatch, capsys):
-    import labutils.launcher as launcher
+    import labutils.run.launcher as launcher
 
     monkeypatch.setattr(launcher, "WAIT_NOTE_S", 1.0)
-    from labutils._proc import free_port
+    from labutils.runtime.procs import free_port
 
     result = launcher.launch(job, 1, nnodes=2, node_rank=0, rdzv_id="lonely",
                              rdzv_endpoint=f"127.0.0.1:{free_port()}", log_dir=tmp_path,

@@ -1,4 +1,4 @@
-"""labutils.sharding and viz.plot_ownership: ownership tables from records, coverage
+"""labutils.course.sharding and viz.plot_ownership: ownership tables from records, coverage
 checks, the picture, and one real torchrun run of DistributedSampler."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 
 from labutils import launch  # noqa: E402
 from labutils.errors import InputError  # noqa: E402
-from labutils.sharding import Coverage, coverage, ownership  # noqa: E402
-from labutils.viz import plot_ownership  # noqa: E402
+from labutils.course.sharding import Coverage, coverage, ownership  # noqa: E402
+from labutils.course.viz import plot_ownership  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

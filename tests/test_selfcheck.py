@@ -1,8 +1,8 @@
-"""labutils.selfcheck: the lessons' self-check, one matcher for every lesson."""
+"""labutils.course.selfcheck: the lessons' self-check, one matcher for every lesson."""
 
 import pytest
 
-from labutils.selfcheck import answer_matches, check_answers
+from labutils.course.selfcheck import answer_matches, check_answers
 
 
 @pytest.mark.parametrize("given, want, kw, ok", [

@@ -1,4 +1,4 @@
-"""labutils.slurm: the sbatch script (structure, quoting, what each node runs), input checks,
+"""labutils.cluster.slurm: the sbatch script (structure, quoting, what each node runs), input checks,
 and real jobs on a local SLURM cluster (tests/slurm_fixture.py): a 2-rank gloo all_reduce
 across two slurmd nodes, a planted failure, and a cancelled job that leaves nothing behind."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from labutils._proc import free_port
+from labutils.runtime.procs import free_port
 from labutils.errors import InputError
-from labutils.slurm import (
+from labutils.cluster.slurm import (
     NodeValues, ShellRef, SlurmError, SlurmJob, add_subcommand, check_cluster, sbatch_script,
     srun_command, torchrun_node_command,
 )
@@ -107,7 +107,7 @@ def test_each_node_runs_torchrun_with_slurms_values(tmp_path):
 
 def test_a_node_command_gets_the_node_rank(tmp_path):
     def labutils_like(node: NodeValues) -> list:
-        return [node.python, "-m", "labutils.cli", "launch", "-n", str(node.nproc_per_node),
+        return [node.python, "-m", "labutils.run.cli", "launch", "-n", str(node.nproc_per_node),
                 "--nnodes", node.nnodes, "--node-rank", node.node_rank,
                 "--rdzv-endpoint", node.rdzv_endpoint, "--rdzv-id", node.rdzv_id,
                 "--log-dir", node.run_dir, node.script, "--", *node.args]

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from labutils import launch
-from labutils.display import Display, TextDisplay
+from labutils.notebook.display import Display, TextDisplay
 from labutils.errors import LaunchConfigError
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session's local cluster)
 
@@ -147,7 +147,7 @@ def test_ctrl_c_on_the_cli_cancels_the_job(slurm_cluster, job, tmp_path):
     layout = _layout(slurm_cluster)
     runs = tmp_path / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "labutils.cli", "launch", "-n", str(layout["nproc"]),
+        [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(layout["nproc"]),
          "--nnodes", str(layout["nnodes"]), "--scheduler", "slurm", "--time-limit", "00:05:00",
          "--log-dir", str(runs), "--json", str(tmp_path / "s.json"), str(job), "--", "slow"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -168,11 +168,11 @@ def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tm
     import signal
     import sys
 
-    import labutils.launcher as launcher
+    import labutils.run.launcher as launcher
 
     layout = _layout(slurm_cluster)
     runs = tmp_path / "runs"
-    code = (f"import labutils.launcher as L; "
+    code = (f"import labutils.run.launcher as L; "
             f"L.launch({str(job)!r}, {layout['nproc']}, nnodes={layout['nnodes']}, "
             f"args=['hang'], scheduler='slurm', display='none', hang_timeout=None, "
             f"log_dir={str(runs)!r})")

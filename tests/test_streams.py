@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labutils import runfiles
-from labutils.streams import EventTail, LineTail, RankOutput, decode
+from labutils.runtime import runfiles
+from labutils.run.streams import EventTail, LineTail, RankOutput, decode
 
 
 def test_partial_line_waits_for_its_newline(tmp_path):
@@ -61,7 +61,7 @@ def test_event_tail_skips_a_torn_last_line(tmp_path):
 def test_paths_are_shortened_for_reading(tmp_path, monkeypatch):
     import sys
 
-    from labutils.runfiles import short_path, shorten_traceback_paths
+    from labutils.runtime.runfiles import short_path, shorten_traceback_paths
 
     monkeypatch.chdir(tmp_path)
     site = f"{sys.prefix}/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -97,13 +97,13 @@ def test_paths_are_shortened_for_reading(tmp_path, monkeypatch):
     ("loss 1/2 at step 3", "loss 1/2 at step 3"),
 ])
 def test_torch_build_paths_are_cut_to_the_source_tree(text, shown):
-    from labutils.runfiles import shorten_build_paths
+    from labutils.runtime.runfiles import shorten_build_paths
 
     assert shorten_build_paths(text) == shown
 
 
 def test_shorten_paths_does_tracebacks_and_build_paths(tmp_path, monkeypatch):
-    from labutils.runfiles import shorten_paths
+    from labutils.runtime.runfiles import shorten_paths
 
     monkeypatch.chdir(tmp_path)
     line = f'  File "{tmp_path}/train.py", line 3, in <module>'

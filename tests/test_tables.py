@@ -1,11 +1,11 @@
-"""labutils.tables: fixed-width text tables for checked notebook outputs."""
+"""labutils.course.tables: fixed-width text tables for checked notebook outputs."""
 
 from __future__ import annotations
 
 import pytest
 
 from labutils.errors import InputError
-from labutils.tables import cell, rank_table, text_table
+from labutils.course.tables import cell, rank_table, text_table
 
 
 @pytest.mark.parametrize(

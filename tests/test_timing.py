@@ -1,4 +1,4 @@
-"""labutils.timing: busbw factors, bandwidths, timing calls, the alpha-beta fit."""
+"""labutils.course.timing: busbw factors, bandwidths, timing calls, the alpha-beta fit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from labutils.errors import InputError
-from labutils.timing import (
+from labutils.course.timing import (
     AlphaBeta, algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes, format_rate,
     format_seconds, median, time_calls,
 )

@@ -1,4 +1,4 @@
-"""labutils.viz: each plot draws what it promises and rejects input it cannot draw."""
+"""labutils.course.viz: each plot draws what it promises and rejects input it cannot draw."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labutils.errors import InputError  # noqa: E402
-from labutils.timing import AlphaBeta, fit_alpha_beta  # noqa: E402
-from labutils.viz import plot_bandwidth  # noqa: E402
+from labutils.course.timing import AlphaBeta, fit_alpha_beta  # noqa: E402
+from labutils.course.viz import plot_bandwidth  # noqa: E402
 
 SIZES = [8, 128, 2048, 32768, 524288, 8388608]
 

@@ -1,4 +1,4 @@
-"""labutils.ddp_probes and the lesson-03 plots of labutils.viz: DDP's bucket rule, the
+"""labutils.course.ddp_probes and the lesson-03 plots of labutils.course.viz: DDP's bucket rule, the
 logging-data parsers, overlap arithmetic, trace reading, the plots, and one real
 torchrun run that checks the bucket reading against DDP's own logging data."""
 
@@ -14,12 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labutils import launch  # noqa: E402
-from labutils.ddp_probes import (  # noqa: E402
+from labutils.course.ddp_probes import (  # noqa: E402
     BackwardTimer, busy_seconds, overlap_seconds, parse_index_lists, parse_sizes, predict_buckets,
     trace_spans,
 )
 from labutils.errors import InputError  # noqa: E402
-from labutils.viz import plot_bucket_sizes, plot_bucket_sweep, plot_overlap_timeline  # noqa: E402
+from labutils.course.viz import plot_bucket_sizes, plot_bucket_sweep, plot_overlap_timeline  # noqa: E402
 
 MiB = 2**20
 
@@ -302,7 +302,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labutils.ddp_probes import BucketRecorder, predict_buckets, reducer_buckets
+from labutils.course.ddp_probes import BucketRecorder, predict_buckets, reducer_buckets
 from labutils.dist import init, report
 
 rank, world_size, device = init()

@@ -1,4 +1,4 @@
-"""labutils.viz plots of lessons 05 and 06: loss across restarts, scaling efficiency."""
+"""labutils.course.viz plots of lessons 05 and 06: loss across restarts, scaling efficiency."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labutils.errors import InputError  # noqa: E402
-from labutils.viz import plot_loss_across_restarts, plot_scaling  # noqa: E402
+from labutils.course.viz import plot_loss_across_restarts, plot_scaling  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from labutils import widgets as lw
-from labutils._proc import pid_alive
+from labutils.notebook import widgets as lw
+from labutils.runtime.procs import pid_alive
 from labutils.errors import LaunchConfigError
-from labutils.result import RankResult, RunResult
+from labutils.run.result import RankResult, RunResult
 from conftest import iopub_until
 
 
@@ -133,7 +133,7 @@ def test_states_notes_and_finish(tmp_path, shown):
 
 
 def test_panes_name_the_root_cause_its_victims_and_the_straggler(tmp_path, shown):
-    from labutils.diagnosis import Failure, Hang
+    from labutils.run.diagnosis import Failure, Hang
 
     d = started(tmp_path, world_size=3)
     failure = Failure(rank=1, exc_type="ValueError", message="bad", file="t.py", line=3,

@@ -10,8 +10,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from labutils import selfcheck
-from labutils.runfiles import shorten_paths
+from labutils.course import selfcheck
+from labutils.runtime.runfiles import shorten_paths
 
 
 def readable_command(command: Sequence[str]) -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from labutils import selfcheck
-from labutils.tables import text_table
+from labutils.course import selfcheck
+from labutils.course.tables import text_table
 from model import PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer, param_bytes, shard
 
 HERE = Path(__file__).parent

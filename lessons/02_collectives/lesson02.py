@@ -14,9 +14,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from labutils import selfcheck
-from labutils.tables import text_table
-from labutils.timing import algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes
+from labutils.course import selfcheck
+from labutils.course.tables import text_table
+from labutils.course.timing import algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes
 
 HERE = Path(__file__).parent
 

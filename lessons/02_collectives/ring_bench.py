@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # ring.py sits next to this file
 from ring import ALGORITHMS, pipelined_ring_all_reduce  # noqa: E402
 
 from labutils.dist import init, link_bytes, report  # noqa: E402
-from labutils.timing import median, time_calls  # noqa: E402
+from labutils.course.timing import median, time_calls  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--min-bytes", type=int, default=8, help="smallest array, bytes")

@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).parent))  # models.py sits next to this file
 from models import batch, linear_layers, make_mlp  # noqa: E402
 
-from labutils.ddp_probes import BackwardTimer, BucketRecorder, rank_output_dir, reducer_buckets  # noqa: E402
+from labutils.course.ddp_probes import BackwardTimer, BucketRecorder, rank_output_dir, reducer_buckets  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
 
 parser = argparse.ArgumentParser()

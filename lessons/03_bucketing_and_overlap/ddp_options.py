@@ -30,9 +30,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))  # models.py sits next to this file
 from models import BranchNet, batch, make_mlp  # noqa: E402
 
-from labutils.ddp_probes import BucketRecorder, reducer_buckets  # noqa: E402
+from labutils.course.ddp_probes import BucketRecorder, reducer_buckets  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
-from labutils.timing import median, time_calls  # noqa: E402
+from labutils.course.timing import median, time_calls  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=5, help="timed steps per setting")

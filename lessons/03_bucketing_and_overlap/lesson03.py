@@ -11,10 +11,11 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from labutils import runfiles, selfcheck
-from labutils.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
-from labutils.tables import text_table
-from labutils.timing import AlphaBeta, fit_alpha_beta, format_bytes
+from labutils.course import selfcheck
+from labutils.runtime import runfiles
+from labutils.course.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
+from labutils.course.tables import text_table
+from labutils.course.timing import AlphaBeta, fit_alpha_beta, format_bytes
 
 MiB = 2**20
 FIRST_BUCKET_BYTES = 2**20  # DDP's small first bucket, used only when bucket_cap_mb is unset

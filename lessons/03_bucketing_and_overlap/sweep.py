@@ -38,9 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))  # models.py sits next to this file
 from models import batch, make_mlp  # noqa: E402
 
-from labutils.ddp_probes import reducer_buckets  # noqa: E402
+from labutils.course.ddp_probes import reducer_buckets  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
-from labutils.timing import time_calls  # noqa: E402
+from labutils.course.timing import time_calls  # noqa: E402
 
 # model: (items per rank and step, bucket_cap_mb values). The batches make backward
 # take about as long as the all-reduces on a 400 Mbit/s link, so that overlap matters.

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))  # models.py sits next to this file
 from models import BranchNet, batch  # noqa: E402
 
-from labutils.ddp_probes import rank_output_dir  # noqa: E402
+from labutils.course.ddp_probes import rank_output_dir  # noqa: E402
 from labutils.dist import init  # noqa: E402
 
 parser = argparse.ArgumentParser()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from labutils import selfcheck
-from labutils.sharding import coverage, ownership
-from labutils.tables import text_table
+from labutils.course import selfcheck
+from labutils.course.sharding import coverage, ownership
+from labutils.course.tables import text_table
 
 
 def index_lists(records: Iterable[dict], setup: str) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from labutils import selfcheck
-from labutils.tables import text_table
+from labutils.course import selfcheck
+from labutils.course.tables import text_table
 
 CHECKPOINTS = Path("runs") / "05_checkpoints"
 
@@ -89,7 +89,7 @@ def rejoin_seconds(result) -> float:
     """Seconds from the agent's death to the first rank of the next attempt starting."""
     import json
 
-    from labutils.runfiles import events_path
+    from labutils.runtime.runfiles import events_path
 
     killed, started = None, []
     for rank_dir in sorted(Path(result.log_dir).glob("rank*")):

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from labutils import selfcheck
-from labutils.tables import text_table
+from labutils.course import selfcheck
+from labutils.course.tables import text_table
 
 
 FILES = Path("runs") / "06_files"
@@ -328,7 +328,7 @@ def refused_loopback(run) -> str:
 
 def first_error(run) -> str:
     """The first rank's 'connectFullMesh failed' line, build paths shortened."""
-    from labutils.runfiles import shorten_build_paths
+    from labutils.runtime.runfiles import shorten_build_paths
 
     for r in run.ranks:
         for line in r.stderr.splitlines():

@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from labutils import selfcheck
-from labutils.tables import text_table
-from labutils.timing import busbw_factor, format_bytes
+from labutils.course import selfcheck
+from labutils.course.tables import text_table
+from labutils.course.timing import busbw_factor, format_bytes
 
 # --------------------------------------------------------------------------- generic
 

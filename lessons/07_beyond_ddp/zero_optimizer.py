@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # models.py and probes.py sit ne
 from models import TinyTransformer, lm_loss, token_batch  # noqa: E402
 from probes import CollectiveLog, optimizer_state_tensors, storage_bytes  # noqa: E402
 
-from labutils.ddp_probes import BucketRecorder  # noqa: E402
+from labutils.course.ddp_probes import BucketRecorder  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
 
 STEPS, LR = 8, 1e-2

@@ -6,12 +6,23 @@ Public API::
     result = launch("train.py", nproc=4, args=["--epochs", "2"])
 
 ``%load_ext labutils`` adds the ``%%torchrun`` cell magic.
+
+The package, by layer (docs/architecture.md): runtime/ runs inside the agent and the
+ranks, run/ is the launcher, notebook/ shows runs, cluster/ spans hosts, course/ holds
+the lessons' helpers, grading/ grades labs. The public names below load on first use,
+so a rank's interpreter, which imports only labutils.runtime, stays light.
 """
 
-from labutils.diagnosis import Failure, Hang
+from labutils import compat
 from labutils.errors import LabutilsError, LaunchConfigError, RecordError, ScriptSyntaxError
-from labutils.launcher import last_result, launch
-from labutils.result import RankResult, RunResult
+
+compat.install()
+
+_LAZY = {
+    "launch": "labutils.run.launcher", "last_result": "labutils.run.launcher",
+    "RunResult": "labutils.run.result", "RankResult": "labutils.run.result",
+    "Failure": "labutils.run.diagnosis", "Hang": "labutils.run.diagnosis",
+}
 
 __all__ = [
     "launch", "last_result", "RunResult", "RankResult", "Failure", "Hang",
@@ -21,8 +32,18 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'labutils' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython) -> None:
     """%load_ext labutils: register the %%torchrun magic."""
-    from labutils.magics import register
+    from labutils.notebook.magics import register
 
     register(ipython)

@@ -1,5 +1,5 @@
 import sys
 
-from labutils.cli import main
+from labutils.run.cli import main
 
 sys.exit(main())

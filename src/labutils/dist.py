@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from labutils import runfiles
+from labutils.runtime import runfiles
 from labutils.errors import LaunchConfigError, RecordError
 
 __all__ = ["init", "report", "print0", "rank", "world_size", "pick_backend"]
@@ -87,7 +87,7 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         if "MASTER_ADDR" not in os.environ:  # plain `python script.py`: a world of one
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            from labutils._proc import free_port
+            from labutils.runtime.procs import free_port
 
             os.environ.setdefault("MASTER_PORT", str(free_port()))
             kwargs.update(rank=0, world_size=1)

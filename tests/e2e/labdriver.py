@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from labutils._proc import free_port, pid_alive
+from labutils.runtime.procs import free_port, pid_alive
 
 CHROMIUM = os.environ.get("LABUTILS_E2E_CHROMIUM", "/usr/bin/chromium")
 # Headless, and nothing that reaches the network or the user's profile.
@@ -91,7 +91,7 @@ class Lab:
                 cmd = " ".join(child.cmdline())
             except psutil.Error:
                 continue
-            if "labutils._agent" in cmd or "labutils.worker" in cmd:
+            if "labutils.runtime.agent" in cmd or "labutils.runtime.worker" in cmd:
                 found.append(child.pid)
         return found
 

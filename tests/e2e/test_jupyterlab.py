@@ -22,7 +22,7 @@ import nbformat
 import pytest
 
 from labdriver import NotebookPage, RunView, open_browser, start_lab, stop_lab, wait_for
-from labutils._proc import pid_alive
+from labutils.runtime.procs import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -318,7 +318,7 @@ class Checker:
                 hang_timeout, label) -> Run:
         from labutils.errors import LaunchConfigError
         from labutils.grading.probe import launch_measured
-        from labutils.launcher import launch
+        from labutils.run.launcher import launch
 
         if not Path(path).exists():
             return self._run(label, error=f"{Path(path).name} is missing")

@@ -12,7 +12,7 @@ when the script ends well, sends what it measured with report(probe=...):
   from the model itself at the end (values and a sha256 of the raw bytes, so bitwise
   equality can be checked);
 - allreduce: how many gradient all-reduces DDP launched between optimizer steps,
-  counted by labutils.ddp_probes.BucketRecorder as the communication hook (one call
+  counted by labutils.course.ddp_probes.BucketRecorder as the communication hook (one call
   per bucket).
 """
 
@@ -36,7 +36,7 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
         args: the script's command-line arguments.
         launch_kwargs: passed on to labutils.launch (hang_timeout, fault, display...).
     """
-    from labutils.launcher import launch
+    from labutils.run.launcher import launch
 
     unknown = set(measure) - set(MEASURES)
     if unknown or not measure:
@@ -49,7 +49,7 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
 def _install(measures: set[str]) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    from labutils.ddp_probes import BucketRecorder
+    from labutils.course.ddp_probes import BucketRecorder
 
     state: dict = {"models": [], "recorders": [], "counted": 0, "per_step": []}
     original_init = DistributedDataParallel.__init__

@@ -395,7 +395,7 @@ def describe_outcome(outcome: dict, timeout: float) -> str:
 
 def main() -> int:
     job = json.loads(sys.stdin.read())
-    from labutils._proc import die_with_parent
+    from labutils.runtime.procs import die_with_parent
 
     die_with_parent()
     # Non-dumpable: processes of the submission cannot read this one's memory or open

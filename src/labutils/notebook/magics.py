@@ -31,11 +31,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from labutils.config import BACKENDS, runs_root
-from labutils.display import DISPLAY_MODES
+from labutils.run.spec import BACKENDS, runs_root
+from labutils.notebook.display import DISPLAY_MODES
 from labutils.errors import LaunchConfigError
-from labutils.launcher import last_result, launch
-from labutils.result import RunResult
+from labutils.run.launcher import last_result, launch
+from labutils.run.result import RunResult
 
 DEFAULT_OUT = "_torchrun"
 

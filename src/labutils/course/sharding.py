@@ -5,7 +5,7 @@ trained on. These helpers turn those records into {epoch: {rank: [items]}} and
 check an epoch the way a correct data-parallel epoch must look: every item seen
 exactly once, by exactly one rank::
 
-    from labutils.sharding import ownership, coverage
+    from labutils.course.sharding import ownership, coverage
     own = ownership(result.records, setup="correct")   # {epoch: {rank: [items]}}
     coverage(own[0], n_items=10)                        # Coverage(missing=[], duplicated={}, ...)
 """

@@ -15,7 +15,7 @@ import os
 from collections import deque
 from pathlib import Path
 
-from labutils import runfiles
+from labutils.runtime import runfiles
 
 READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
 

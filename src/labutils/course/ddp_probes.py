@@ -3,7 +3,7 @@ is all-reduced, how long each layer's backward takes, which collectives are issu
 
 Used inside ranks (lesson 03)::
 
-    from labutils.ddp_probes import BucketRecorder, BackwardTimer, reducer_buckets
+    from labutils.course.ddp_probes import BucketRecorder, BackwardTimer, reducer_buckets
     recorder = BucketRecorder(ddp)                 # becomes ddp's communication hook
     timer = BackwardTimer(layers)                  # {name: module} whose backward to time
     loss.backward()
@@ -526,7 +526,7 @@ def trace_spans(path: str | os.PathLike, *,
 def rank_output_dir() -> Path:
     """Where this rank should write files: its folder of the launcher's run folder
     (runs/<run>/rank<R>/), or the current folder outside the launcher."""
-    from labutils import runfiles
+    from labutils.runtime import runfiles
 
     run_dir = os.environ.get(runfiles.ENV_RUN_DIR)
     if not run_dir:

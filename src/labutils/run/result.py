@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labutils import runfiles
-from labutils.diagnosis import Failure, Hang, signal_name
+from labutils.runtime import runfiles
+from labutils.run.diagnosis import Failure, Hang, signal_name
 
 STATES = ("starting", "running", "done", "failed", "hung", "killed")
 

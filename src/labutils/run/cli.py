@@ -7,7 +7,7 @@ import json
 import sys
 
 from labutils.errors import LabutilsError, LaunchConfigError
-from labutils.result import EXIT_INTERRUPTED, EXIT_USAGE
+from labutils.run.result import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 def _launch_parser(sub) -> None:
@@ -125,8 +125,8 @@ def _scheduler(ns: argparse.Namespace) -> dict:
 
 
 def _cmd_launch(ns: argparse.Namespace) -> int:
-    from labutils.display import TextDisplay
-    from labutils.launcher import last_result, launch
+    from labutils.notebook.display import TextDisplay
+    from labutils.run.launcher import last_result, launch
 
     kwargs = launch_kwargs(ns)
     try:
@@ -142,13 +142,13 @@ def _cmd_launch(ns: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(ns: argparse.Namespace) -> int:
-    from labutils.doctor import environment_report
+    from labutils.course.doctor import environment_report
 
     report = environment_report()
     if ns.json:
         print(json.dumps(report, indent=2))
     else:
-        from labutils.doctor import format_report
+        from labutils.course.doctor import format_report
 
         print(format_report(report))
     return 0
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _grade_parser(sub)
-    from labutils import kubernetes, slurm
+    from labutils.cluster import kubernetes, slurm
 
     kubernetes.add_subcommand(sub)
     slurm.add_subcommand(sub)
@@ -211,8 +211,8 @@ def _die_with_caller() -> None:
     other nodes of a job on virtual hosts): end with that process, whatever kills it."""
     import os
 
-    from labutils._proc import die_with_parent
-    from labutils.runfiles import ENV_DIE_WITH
+    from labutils.runtime.procs import die_with_parent
+    from labutils.runtime.runfiles import ENV_DIE_WITH
 
     pid = os.environ.pop(ENV_DIE_WITH, "")
     if pid.isdigit():

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from labutils.result import RunResult
-from labutils.runfiles import shorten_paths
+from labutils.run.result import RunResult
+from labutils.runtime.runfiles import shorten_paths
 
 DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
@@ -332,7 +332,7 @@ def make_display(mode: str = "auto") -> Display:
                                 fix="pass display='auto' to choose by where the code runs")
     mode = choose_mode(mode)
     if mode == "widgets":
-        from labutils.widgets import WidgetDisplay
+        from labutils.notebook.widgets import WidgetDisplay
 
         return WidgetDisplay()
     if mode == "terminal":

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from labutils.errors import InputError
-from labutils.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format_rate, format_seconds
+from labutils.course.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format_rate, format_seconds
 
 __all__ = [
     "plot_bandwidth", "plot_bucket_sizes", "plot_overlap_timeline", "plot_bucket_sweep",
@@ -374,7 +374,7 @@ def plot_ownership(
 
     Args:
         ownership: {epoch: {rank: items in the order the rank saw them}}
-            (labutils.sharding.ownership builds it from records).
+            (labutils.course.sharding.ownership builds it from records).
         n_items: the dataset's length.
         title: the figure title.
 
@@ -384,11 +384,11 @@ def plot_ownership(
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    from labutils.sharding import coverage
+    from labutils.course.sharding import coverage
 
     if not isinstance(ownership, Mapping) or not ownership:
         raise InputError("ownership", expected="a dict {epoch: {rank: [items]}} with at least one epoch",
-                         given=ownership, fix="build it with labutils.sharding.ownership(records)")
+                         given=ownership, fix="build it with labutils.course.sharding.ownership(records)")
     checks = {epoch: coverage(shards, n_items=n_items) for epoch, shards in ownership.items()}
     ranks = sorted({r for shards in ownership.values() for r in shards})
     width = max((len(items) for shards in ownership.values() for items in shards.values()), default=1)

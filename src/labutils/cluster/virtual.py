@@ -127,7 +127,7 @@ def clean_stale() -> list[str]:
     """Delete what clusters of dead callers left (a caller killed with -9 cannot clean
     up): every labutils namespace whose owner pid is gone and inside which no process
     runs any more. Returns the names deleted. Called whenever a cluster is made."""
-    from labutils._proc import pid_alive
+    from labutils.runtime.procs import pid_alive
 
     owners: dict[tuple[str, str], list[str]] = {}
     for name in _namespaces():
@@ -356,10 +356,10 @@ class VirtualCluster:
         returns they have node_timeout seconds to finish writing before they are
         stopped. Other keyword arguments go to launch() of node 0.
         """
-        from labutils import runfiles
-        from labutils._proc import free_port, stop_processes
-        from labutils.config import runs_root
-        from labutils.launcher import launch, prepare
+        from labutils.runtime import runfiles
+        from labutils.runtime.procs import free_port, stop_processes
+        from labutils.run.spec import runs_root
+        from labutils.run.launcher import launch, prepare
 
         if self._closed:
             raise RuntimeError("this cluster is closed; make a new one with virtual_cluster()")
@@ -380,7 +380,7 @@ class VirtualCluster:
                       nnodes=self.hosts, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=root,
                       args=args, **launch_kwargs)
         job.notes.append(f"virtual cluster: {self.describe()}")
-        argv = [sys.executable, "-m", "labutils.cli", "launch", "-n", str(nproc),
+        argv = [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(nproc),
                 "--nnodes", str(self.hosts), "--rdzv-endpoint", endpoint,
                 "--rdzv-id", rdzv_id, "--log-dir", str(root)]
         for flag, key in (("--backend", "backend"), ("--hang-timeout", "hang_timeout"),
@@ -511,7 +511,7 @@ def watch_node(proc: subprocess.Popen, run_dir: Path, token: str) -> None:
     """A node's launcher that ends before its agent ever ran (bad input, no namespace,
     a crash) would leave node 0 waiting at the rendezvous: end the job (stop.json)
     and say where that node's output is."""
-    from labutils import runfiles
+    from labutils.runtime import runfiles
 
     code = proc.wait()
     if runfiles.node_done_path(run_dir, token).exists() or runfiles.stop_path(run_dir).exists():

@@ -28,10 +28,10 @@ from collections import deque
 import ipywidgets as widgets
 from IPython.display import display
 
-from labutils import runfiles
-from labutils.display import Display, _rel
+from labutils.runtime import runfiles
+from labutils.notebook.display import Display, _rel
 from labutils.errors import LaunchConfigError
-from labutils.result import RankResult, RunResult, _badge
+from labutils.run.result import RankResult, RunResult, _badge
 
 FINAL_STATES = ("done", "failed", "hung", "killed")
 MAX_LINE_CHARS = 1000  # a longer line is cut in the pane (never in the log file)

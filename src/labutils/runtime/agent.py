@@ -1,6 +1,6 @@
 """Entry point of the torchrun agent: die with the launcher, then run torchrun.
 
-The launcher starts ``python -m labutils._agent <torchrun args>`` instead of
+The launcher starts ``python -m labutils.runtime.agent <torchrun args>`` instead of
 ``python -m torch.distributed.run`` so that the agent is SIGKILLed by the
 kernel if the process that called launch() dies (a Jupyter kernel killed with
 -9, say). Each worker does the same towards the agent (see worker.py), so the
@@ -14,8 +14,8 @@ import os
 import runpy
 import sys
 
-from labutils._proc import die_with_parent
-from labutils.runfiles import ENV_AGENT_PID, ENV_PARENT_PID
+from labutils.runtime.procs import die_with_parent
+from labutils.runtime.runfiles import ENV_AGENT_PID, ENV_PARENT_PID
 
 
 def main() -> None:

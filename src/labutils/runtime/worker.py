@@ -1,6 +1,6 @@
 """Worker bootstrap: runs the learner's script, unchanged, inside one rank.
 
-torchrun starts ``python -m labutils.worker SCRIPT ARGS...`` once per rank. Before
+torchrun starts ``python -m labutils.runtime.worker SCRIPT ARGS...`` once per rank. Before
 the script's first line runs, the bootstrap
 
 - arranges to be killed if the torchrun agent dies (no orphaned ranks);
@@ -32,8 +32,9 @@ import threading
 import time
 import traceback
 
-from labutils import runfiles
-from labutils._proc import die_with_parent
+from labutils.runtime import runfiles
+from labutils.runtime.frames import is_bootstrap, is_library
+from labutils.runtime.procs import die_with_parent
 
 STACK_SIGNAL = signal.SIGUSR1
 PROGRESS_INTERVAL_S = 0.5
@@ -112,30 +113,16 @@ def _watch_progress(writer: runfiles.EventWriter, main_ident: int,
         last_sig, last_cpu = sig, cpu
 
 
-def _is_bootstrap_frame(filename: str) -> bool:
-    return filename in (__file__, runpy.__file__) or filename.endswith(
-        ("labutils/worker.py", "<frozen runpy>")
-    )
-
-
-def _is_library_file(filename: str) -> bool:
-    return (
-        "site-packages" in filename
-        or "dist-packages" in filename
-        or filename.startswith(("<", sys.base_prefix, sys.prefix))
-    )
-
-
 def describe_exception(exc: BaseException, script: str) -> dict:
     """The facts of an uncaught exception, with the bootstrap's frames removed."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     frames = list(te.stack)
-    while frames and _is_bootstrap_frame(frames[0].filename):
+    while frames and is_bootstrap(frames[0].filename):
         frames.pop(0)
     te.stack = traceback.StackSummary.from_list(frames)
     script_abs = os.path.abspath(script)
     where = next((f for f in reversed(frames) if os.path.abspath(f.filename) == script_abs), None)
-    where = where or next((f for f in reversed(frames) if not _is_library_file(f.filename)), None)
+    where = where or next((f for f in reversed(frames) if not is_library(f.filename)), None)
     where = where or (frames[-1] if frames else None)
     if isinstance(exc, SyntaxError) and where is None:
         file, line = exc.filename, exc.lineno
@@ -166,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = os.environ.get(runfiles.ENV_AGENT_PID)
     die_with_parent(int(agent) if agent else None)
     if not argv:
-        print("usage: python -m labutils.worker SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m labutils.runtime.worker SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     script, script_args = argv[0], argv[1:]
     run_dir = os.environ.get(runfiles.ENV_RUN_DIR)

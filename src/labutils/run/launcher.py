@@ -36,15 +36,15 @@ import time
 import uuid
 from pathlib import Path
 
-from labutils import runfiles
-from labutils._proc import _signal_all, descendants, free_port, pid_alive, stop_processes
-from labutils.config import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
-from labutils.network import check_endpoint_host, interface_env
-from labutils.diagnosis import analyse_hang, find_failure
-from labutils.display import Display, make_display
+from labutils.runtime import runfiles
+from labutils.runtime.procs import _signal_all, descendants, free_port, pid_alive, stop_processes
+from labutils.run.spec import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
+from labutils.cluster.network import check_endpoint_host, interface_env
+from labutils.run.diagnosis import analyse_hang, find_failure
+from labutils.notebook.display import Display, make_display
 from labutils.errors import LaunchConfigError
-from labutils.result import RankResult, RunResult, attempt_line
-from labutils.streams import EventTail, RankOutput
+from labutils.run.result import RankResult, RunResult, attempt_line
+from labutils.run.streams import EventTail, RankOutput
 
 POLL_S = 0.05
 TICK_S = 0.2
@@ -695,7 +695,7 @@ class Launch:
 class SlurmLaunch(Launch):
     """launch(..., scheduler="slurm"): the run as a SLURM batch job, followed from here.
 
-    The job's script (labutils.slurm.sbatch_script) runs one `labutils launch` per
+    The job's script (labutils.cluster.slurm.sbatch_script) runs one `labutils launch` per
     node of the allocation, each one node of a multi-node job (node rank
     $SLURM_NODEID, rendezvous at the first node) writing into this run folder. So
     this launcher starts no process itself: it submits the job, shows every rank's
@@ -720,7 +720,7 @@ class SlurmLaunch(Launch):
 
     def _node_command(self, node):
         spec = self.spec
-        words = [node.python, "-m", "labutils.cli", "launch", "-n", str(spec.nproc),
+        words = [node.python, "-m", "labutils.run.cli", "launch", "-n", str(spec.nproc),
                  "--nnodes", node.nnodes, "--node-rank", node.node_rank,
                  "--rdzv-endpoint", node.rdzv_endpoint, "--rdzv-id", self.run_dir.name,
                  "--log-dir", str(self.run_dir.parent), "--backend", spec.backend,
@@ -743,8 +743,8 @@ class SlurmLaunch(Launch):
             runfiles.lease_path(self.run_dir).touch()
 
     def batch_script(self) -> str:
-        from labutils._proc import free_port
-        from labutils.slurm import sbatch_script
+        from labutils.runtime.procs import free_port
+        from labutils.cluster.slurm import sbatch_script
 
         opts = {"time_limit": "00:30:00", **self.options}
         return sbatch_script(
@@ -754,7 +754,7 @@ class SlurmLaunch(Launch):
             python=sys.executable, node_command=self._node_command, **opts)
 
     def _start(self, env, logs) -> None:
-        from labutils.slurm import SlurmJob
+        from labutils.cluster.slurm import SlurmJob
 
         text = self.batch_script()
         (self.run_dir / "job.sbatch").write_text(text)
@@ -774,7 +774,7 @@ class SlurmLaunch(Launch):
             if state != self.job_state:
                 self.job_state = state
                 self.display.note(f"SLURM job {self.job.job_id}: {state}")
-        from labutils.slurm import ACTIVE_STATES
+        from labutils.cluster.slurm import ACTIVE_STATES
 
         return self.job_state not in ACTIVE_STATES
 
@@ -851,7 +851,7 @@ def _attempt_entry(attempt: int, failure, codes: dict, final: str | None = None)
 
 def _agent_failure(agent_text: str):
     """A failure of torchrun itself (before any rank ran), from the agent's log."""
-    from labutils.diagnosis import Failure
+    from labutils.run.diagnosis import Failure
 
     lines = [ln for ln in agent_text.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
@@ -998,7 +998,7 @@ _SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "
 
 def _check_slurm_request(spec: LaunchSpec, slurm) -> None:
     """What scheduler="slurm" cannot take, and whether the cluster answers: one line each."""
-    from labutils.slurm import check_cluster, sbatch_script
+    from labutils.cluster.slurm import check_cluster, sbatch_script
 
     if spec.multinode or spec.min_nodes != spec.max_nodes:
         raise LaunchConfigError(

@@ -3,7 +3,7 @@
 Used inside ranks (timing a collective) and in notebooks (turning the reported
 times into bandwidths and a latency/bandwidth model)::
 
-    from labutils.timing import time_calls, busbw, fit_alpha_beta
+    from labutils.course.timing import time_calls, busbw, fit_alpha_beta
     seconds = time_calls(lambda: dist.all_reduce(x), iters=10, sync=dist.barrier)
     busbw(x.numel() * x.element_size(), median(seconds), collective="all_reduce", world_size=4)
     fit_alpha_beta(sizes, times)   # t = alpha + bytes / beta

@@ -461,7 +461,7 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
     elif spec.rdzv_conf:
         rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf.items())]
     return [
-        sys.executable, "-m", "labutils._agent",
+        sys.executable, "-m", "labutils.runtime.agent",
         "--nnodes", spec.nnodes,
         *node,
         "--nproc-per-node", str(spec.nproc),
@@ -471,5 +471,5 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         *rdzv,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
-        "-m", "labutils.worker", str(spec.script), *spec.args,
+        "-m", "labutils.runtime.worker", str(spec.script), *spec.args,
     ]

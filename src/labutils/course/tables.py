@@ -1,6 +1,6 @@
 """Plain-text tables for notebook cells: fixed-width, so nbval can compare them.
 
-    from labutils.tables import text_table, rank_table
+    from labutils.course.tables import text_table, rank_table
     print(text_table(["size", "time"], [["8 B", "12 µs"], ["1 KiB", "15 µs"]]))
     print(rank_table(result.records, ["before", "after"]))   # one row per rank
 

@@ -5,7 +5,7 @@ allocation hosts torchrun's c10d store, one srun task per node runs one torchrun
 the job id is the rendezvous id, and each node's index ($SLURM_NODEID) is there as its
 node rank for commands that want one::
 
-    from labutils.slurm import SlurmJob, sbatch_script
+    from labutils.cluster.slurm import SlurmJob, sbatch_script
     text = sbatch_script("train.py", nnodes=2, nproc_per_node=4, args=["--epochs", "2"])
     job = SlurmJob.submit(text, workdir=".")
     job.wait(timeout=600)            # "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", ...
@@ -239,7 +239,7 @@ def sbatch_script(
     sbatch_lines = "".join(f"#SBATCH {d}\n" for d in directives)
     return f"""\
 #!/bin/bash
-# {nnodes} node(s) x {nproc_per_node} rank(s) of {script}, written by labutils.slurm.
+# {nnodes} node(s) x {nproc_per_node} rank(s) of {script}, written by labutils.cluster.slurm.
 #   submit: sbatch THIS_FILE    follow: squeue --me; tail -f {output.replace('%j', 'JOBID')}
 #   stop:   scancel JOBID (every node's agent and ranks get SIGTERM, then SIGKILL)
 # One task per node: a torchrun agent that starts the node's ranks, with the CPUs for them.

@@ -21,7 +21,8 @@ import signal
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labutils.runfiles import short_path
+from labutils.runtime.frames import is_bootstrap, is_library
+from labutils.runtime.runfiles import short_path
 
 # Messages of ranks that failed only because a peer went away first.
 _VICTIM_PATTERNS = (
@@ -227,20 +228,9 @@ def user_frame(frames: list[Frame], script: str | None) -> Frame | None:
         if script_abs and os.path.abspath(fr.file) == script_abs:
             return fr
     for fr in frames:
-        if not _is_library(fr.file):
+        if not is_library(fr.file):
             return fr
     return frames[0] if frames else None
-
-
-def _is_bootstrap(path: str) -> bool:
-    return path.endswith("labutils/worker.py") or path == "<frozen runpy>" or path.endswith("/runpy.py")
-
-
-def _is_library(path: str) -> bool:
-    return (
-        "site-packages" in path or "dist-packages" in path or path.startswith("<")
-        or "/lib/python3" in path or path.endswith("labutils/worker.py")
-    )
 
 
 def collective_of(frames: list[Frame], at: Frame | None) -> str:
@@ -298,7 +288,7 @@ def analyse_hang(
     stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
     for rank in sorted(dumps):
         frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
-        while frames and _is_bootstrap(frames[-1].file):  # runpy and worker.py under the script
+        while frames and is_bootstrap(frames[-1].file):  # runpy and worker.py under the script
             frames.pop()
         frames_of[rank] = frames
         stacks[rank] = "\n".join(

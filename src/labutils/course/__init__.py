@@ -1,0 +1,1 @@
+"""Helpers the lessons share: probes, timing, sharding, tables, self-checks, plots."""

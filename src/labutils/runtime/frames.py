@@ -1,0 +1,28 @@
+"""Whose code a stack frame is in: the bootstrap's, a library's, or the learner's.
+
+The worker uses this to cut its own frames from a rank's exception, the diagnosis
+to find the line a hung or failed rank was on; both read the same file names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_RUNTIME = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_bootstrap(path: str) -> bool:
+    """A frame of what runs the learner's script: runpy, or labutils' worker."""
+    return path == "<frozen runpy>" or path.endswith(("/runpy.py", "labutils/runtime/worker.py")) \
+        or path.startswith(_RUNTIME)
+
+
+def is_library(path: str) -> bool:
+    """A frame outside the learner's code: installed packages, the standard library,
+    frozen or generated code, labutils' own bootstrap."""
+    return (
+        "site-packages" in path or "dist-packages" in path or path.startswith("<")
+        or "/lib/python3" in path or path.startswith((sys.base_prefix, sys.prefix))
+        or is_bootstrap(path)
+    )
