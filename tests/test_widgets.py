@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from labutils.notebook import widgets as lw
+from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive
 from labutils.errors import LaunchConfigError
 from labutils.run.result import RankResult, RunResult
@@ -78,7 +79,7 @@ def test_flood_of_a_million_lines_stays_bounded_and_coalesced(tmp_path, shown):
     d.tick()  # the last lines arrive once the interval has passed
     body = d.panes[0].body.value
     assert len(body) < 5000, "a pane holds about 40 short lines, not the flood"
-    assert "999960 earlier lines in " + os.path.join(lw._rel(str(tmp_path / "run")),
+    assert "999960 earlier lines in " + os.path.join(runfiles.relative_path(str(tmp_path / "run")),
                                                      "rank0", "stdout.log") in body
     assert "line 999999" in body and "line 999959<" not in body
     assert body.count("\n") == 40  # the note plus 40 lines

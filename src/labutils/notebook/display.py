@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from labutils.run.result import RunResult
-from labutils.runtime.runfiles import shorten_paths
+from labutils.runtime.runfiles import relative_path, shorten_paths
 
 DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
@@ -228,7 +228,7 @@ class TextDisplay(Display):
             exception = held.lines[same.exception_at]
             self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
         whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
-        log = os.path.join(_rel(self._log_dir), f"rank{rank}", "stderr.log")
+        log = os.path.join(relative_path(self._log_dir), f"rank{rank}", "stderr.log")
         self.repeats += 1
         self._write(rank, "stderr", [f"{same.name(held.lines)}: the same {same.kind} as {whose} "
                                      f"above ({len(held.lines)} lines, in {log})"])
@@ -277,7 +277,7 @@ class TextDisplay(Display):
         for rank, hidden in sorted(self._hidden.items()):
             tail = self._last.get(rank, [])
             earlier = hidden - len(tail)
-            path = os.path.join(_rel(result.log_dir), f"rank{rank}")
+            path = os.path.join(relative_path(result.log_dir), f"rank{rank}")
             self.out.write(f"[rank {rank}] ... {earlier} earlier lines in {path}/stdout.log "
                            "and stderr.log\n")
             for stream, line in tail:
@@ -290,13 +290,6 @@ class TextDisplay(Display):
             self.out.write(result.summary(traceback_shown=above) + "\n")
         self.out.flush()
 
-
-def _rel(path) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return str(path)
-    return rel if not rel.startswith("..") else str(path)
 
 
 def _in_kernel() -> bool:

@@ -29,9 +29,9 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from labutils.runtime import runfiles
-from labutils.notebook.display import Display, _rel
+from labutils.notebook.display import Display
 from labutils.errors import LaunchConfigError
-from labutils.run.result import RankResult, RunResult, _badge
+from labutils.run.result import RankResult, RunResult, state_badge
 
 FINAL_STATES = ("done", "failed", "hung", "killed")
 MAX_LINE_CHARS = 1000  # a longer line is cut in the pane (never in the log file)
@@ -165,7 +165,7 @@ class _RankPane:
 
     def head_html(self, now: float, t0: float) -> str:
         role = f" <b style='color:#57606a'>&middot; {html.escape(self.role)}</b>" if self.role else ""
-        return (f"<b>rank {self.rank}</b> {_badge(self.state)} "
+        return (f"<b>rank {self.rank}</b> {state_badge(self.state)} "
                 f"<span style='color:#6e7781'>{_elapsed((self.ended_at or now) - t0)}</span>{role}")
 
     def show_progress(self) -> None:
@@ -224,7 +224,7 @@ class WidgetDisplay(Display):
     # ------------------------------------------------------------ Display API
     def start(self, *, world_size: int, log_dir: str, script: str) -> None:
         self._t0 = time.monotonic()
-        self._log_dir = _rel(log_dir)
+        self._log_dir = runfiles.relative_path(log_dir)
         self.panes = [_RankPane(r, self.keep) for r in range(world_size)]
         self.title = widgets.HTML(
             f"<b>{html.escape(os.path.basename(script))}</b> on {world_size} "

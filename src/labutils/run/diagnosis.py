@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from labutils.runtime.frames import is_bootstrap, is_library
-from labutils.runtime.runfiles import short_path
+from labutils.runtime.runfiles import relative_path, short_path
 
 # Messages of ranks that failed only because a peer went away first.
 _VICTIM_PATTERNS = (
@@ -88,13 +88,7 @@ class Failure:
 
 
 def _short(path: str | None) -> str:
-    if not path:
-        return "?"
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
+    return relative_path(path) if path else "?"
 
 
 def find_failure(

@@ -140,7 +140,7 @@ class RunResult:
         }.get(self.reason, self.reason)
         restarts = f", {self.restarts} restart(s)" if self.restarts else ""
         return (f"run {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
-                f"logs in {_short_dir(self.log_dir)}")
+                f"logs in {runfiles.relative_path(self.log_dir)}")
 
     def summary(self, *, traceback_shown: bool = False) -> str:
         """The readable report: headline, per-rank states, failure or hang details.
@@ -201,7 +201,7 @@ class RunResult:
     def _repr_html_(self) -> str:
         color = "#1a7f37" if self.ok else "#cf222e"
         rows = "".join(
-            f"<tr><td>{r.rank}</td><td>{_badge(r.state)}</td>"
+            f"<tr><td>{r.rank}</td><td>{state_badge(r.state)}</td>"
             f"<td>{'' if r.exit_code is None else r.exit_code} {signal_name(r.exit_code)}</td>"
             f"<td>{r.stdout_lines}</td><td>{r.stderr_lines}</td>"
             f"<td>{'victim' if r.victim else ''}</td></tr>"
@@ -229,15 +229,9 @@ STATE_COLORS = {
 }
 
 
-def _badge(state: str) -> str:
+def state_badge(state: str) -> str:
     color = STATE_COLORS.get(state, "#6e7781")
     return (f"<span style='background:{color};color:white;border-radius:8px;"
             f"padding:0 6px'>{html.escape(state)}</span>")
 
 
-def _short_dir(path: Path) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return str(path)
-    return rel if not rel.startswith("..") else str(path)

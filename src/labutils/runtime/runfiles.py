@@ -110,6 +110,16 @@ def node_summary_path(run_dir: str | os.PathLike, node: str) -> Path:
     return Path(run_dir) / f"summary-{node}.json"
 
 
+def relative_path(path: str | os.PathLike) -> str:
+    """path relative to the current folder when it lies inside it, else as it is
+    (a run folder or a log as the display and the summaries name it)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return str(path)
+    return rel if not rel.startswith("..") else str(path)
+
+
 def short_path(path: str) -> str:
     """A path as a learner wants to read it: relative to the current folder when inside
     it, with the installation's prefix cut from library files; other paths unchanged."""
