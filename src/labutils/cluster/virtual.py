@@ -523,7 +523,5 @@ def watch_node(proc: subprocess.Popen, run_dir: Path, token: str) -> None:
     except OSError:
         pass
     path = runfiles.stop_path(run_dir)
-    tmp = path.with_suffix(f".{os.getpid()}.watch.tmp")
-    tmp.write_text(json.dumps({"by": f"{token}'s launcher", "reason": f"it exited with status "
-                               f"{code} before its ranks started{tail}"}))
-    os.replace(tmp, path)
+    runfiles.write_atomic(path, json.dumps({"by": f"{token}'s launcher", "reason": f"it exited "
+                                            f"with status {code} before its ranks started{tail}"}))

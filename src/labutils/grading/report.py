@@ -20,21 +20,17 @@ import json
 import os
 from pathlib import Path
 
+from labutils.runtime import runfiles
+
 CSV_COLUMNS = ["submission", "score", "max_score", "percent", "passed", "notebook",
                "problems", "execution_time"]
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write the whole file or nothing: temp file in the same folder, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    raw = data.encode() if isinstance(data, str) else data
-    with open(tmp, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write the whole file or nothing, on disk before it is renamed: a grade must
+    survive a crash of the grading machine."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    runfiles.write_atomic(path, data, sync=True)
 
 
 def totals(tests: list[dict]) -> tuple[float, float]:

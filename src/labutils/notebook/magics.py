@@ -32,6 +32,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from labutils.run.spec import BACKENDS, runs_root
+from labutils.runtime import runfiles
 from labutils.notebook.display import DISPLAY_MODES
 from labutils.errors import LaunchConfigError
 from labutils.run.launcher import last_result, launch
@@ -89,9 +90,7 @@ def cell_script(cell: str, *, log_dir: str | os.PathLike | None = None) -> Path:
     path = (root / "cells" / f"cell-{digest}.py").resolve()
     if not path.exists():  # same name, same text: an existing file is already right
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(cell)
-        os.replace(tmp, path)  # a rank never reads a half-written cell
+        runfiles.write_atomic(path, cell)  # a rank never reads a half-written cell
     return path
 
 

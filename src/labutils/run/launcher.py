@@ -390,9 +390,8 @@ class Launch:
             return
         path = runfiles.stop_path(self.run_dir)
         if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"by": self.token or "launcher", "reason": self.reason}))
-            os.replace(tmp, path)
+            runfiles.write_atomic(path, json.dumps({"by": self.token or "launcher",
+                                                    "reason": self.reason}))
 
     def _shutdown(self) -> None:
         self._tell_other_nodes()
@@ -618,9 +617,7 @@ class Launch:
         remote = sorted(r.rank for r in alive if not r.local)
         if remote:  # their launchers' machines: ask through the run folder
             path = runfiles.stack_request_path(self.run_dir)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"by": self.token, "ranks": remote}))
-            os.replace(tmp, path)
+            runfiles.write_atomic(path, json.dumps({"by": self.token, "ranks": remote}))
         dumps = _wait_for_dumps(self.run_dir, offsets)
         exited = {r.rank: r.exit_code for r in self._members() if r.exit_code is not None}
         self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),

@@ -127,10 +127,7 @@ class RunResult:
 
     def write_json(self, path: str | os.PathLike) -> None:
         """Write the JSON summary atomically (temp file, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
-        os.replace(tmp, path)
+        runfiles.write_atomic(path, json.dumps(self.to_json(), indent=2, default=str))
 
     # ------------------------------------------------------------------ reading
     def headline(self) -> str:

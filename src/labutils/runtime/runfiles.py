@@ -110,6 +110,20 @@ def node_summary_path(run_dir: str | os.PathLike, node: str) -> Path:
     return Path(run_dir) / f"summary-{node}.json"
 
 
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, sync: bool = False) -> None:
+    """Write path so that a reader sees the old file or the whole new one, never a part:
+    a temporary file beside it (named for this process), then a rename. sync: also
+    flush it to disk first (grades, which must survive a crash of the machine)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def relative_path(path: str | os.PathLike) -> str:
     """path relative to the current folder when it lies inside it, else as it is
     (a run folder or a log as the display and the summaries name it)."""
