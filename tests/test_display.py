@@ -1,4 +1,5 @@
-"""The text display: what a learner reads of a run (paths cut, repeats folded)."""
+"""The text display: what a learner reads of a run (paths cut, repeats folded); and
+which display a run gets (labutils.notebook.modes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from labutils.run.diagnosis import Failure
-from labutils.notebook.display import TextDisplay
+from labutils.errors import LaunchConfigError
+from labutils.notebook.display import Display, TextDisplay
+from labutils.notebook.modes import make_display
 from labutils.run.result import RankResult, RunResult
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
@@ -180,6 +183,28 @@ def test_summary_and_json_of_a_run_without_display():
     assert "/__w/" not in result.summary()
     assert "traceback of rank 0:\n  Traceback" in result.summary()
     assert GLOO in result.to_json()["failure"]["message"]  # the JSON keeps the message as raised
+
+
+@pytest.mark.parametrize("mode, env, kind, limit", [
+    ("text", None, TextDisplay, 200),
+    ("terminal", None, TextDisplay, None),   # the CLI prints every line
+    ("none", None, Display, None),
+    ("auto", None, TextDisplay, 200),        # no kernel here: text
+    ("auto", "none", Display, None),         # LABUTILS_DISPLAY overrides "auto"...
+    ("text", "none", TextDisplay, 200),      # ...and only "auto"
+])
+def test_make_display_picks_by_mode_and_environment(monkeypatch, mode, env, kind, limit):
+    monkeypatch.delenv("LABUTILS_DISPLAY", raising=False)
+    if env:
+        monkeypatch.setenv("LABUTILS_DISPLAY", env)
+    d = make_display(mode)
+    assert type(d) is kind
+    assert getattr(d, "limit", None) == limit
+
+
+def test_make_display_rejects_an_unknown_mode():
+    with pytest.raises(LaunchConfigError, match="display"):
+        make_display("pretty")
 
 
 @pytest.mark.slow

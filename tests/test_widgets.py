@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from labutils.notebook import panes
 from labutils.notebook import widgets as lw
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive
@@ -41,7 +42,7 @@ def started(tmp_path, world_size=2, **options) -> lw.WidgetDisplay:
     ((5, 4), 3, 3, {"stdout": 5, "stderr": 1}),  # stdout came first, so it scrolled out
 ])
 def test_line_window_counts_what_scrolled_out(counts, keep, shown_lines, hidden):
-    w = lw.LineWindow(keep)
+    w = panes.LineWindow(keep)
     w.add(0, "stdout", [f"o{i}" for i in range(counts[0])])
     w.add(0, "stderr", [f"e{i}" for i in range(counts[1])])
     assert len(w.window) == shown_lines
@@ -49,13 +50,13 @@ def test_line_window_counts_what_scrolled_out(counts, keep, shown_lines, hidden)
 
 
 def test_line_window_html_escapes_cuts_and_colours():
-    w = lw.LineWindow(10)
-    w.add(3, "stdout", ["<b>tag</b>", "x" * (lw.MAX_LINE_CHARS + 7)])
+    w = panes.LineWindow(10)
+    w.add(3, "stdout", ["<b>tag</b>", "x" * (panes.MAX_LINE_CHARS + 7)])
     w.add(3, "stderr", ["oops"])
     page = w.html(prefix=True, earlier_in="r/{stream}.log")
     assert "[rank 3] &lt;b&gt;tag&lt;/b&gt;" in page
-    assert "... (7 more characters)" in page and "x" * (lw.MAX_LINE_CHARS + 1) not in page
-    assert f"color:{lw.STDERR_COLOR}'>[rank 3] oops" in page
+    assert "... (7 more characters)" in page and "x" * (panes.MAX_LINE_CHARS + 1) not in page
+    assert f"color:{panes.STDERR_COLOR}'>[rank 3] oops" in page
     assert "earlier" not in page
 
 
@@ -178,14 +179,14 @@ def test_stop_click_sets_the_flag_the_launcher_polls(tmp_path, shown):
     ({"step": "3", "total": 10}, None),
 ])
 def test_progress_takes_step_and_total_counts(values, shown):
-    p = lw.Progress()
+    p = panes.Progress()
     assert p.update(values, now=0.0) is (shown is not None)
     if shown:
         assert (p.done, p.total) == shown
 
 
 def test_progress_label_estimates_time_left_from_the_pace_since_the_first_report():
-    p = lw.Progress()
+    p = panes.Progress()
     p.update({"step": 0, "total": 10}, now=100.0)
     assert p.label() == "1/10"  # one report: no pace yet
     p.update({"step": 4, "total": 10}, now=108.0)  # 4 steps in 8 s: 2 s a step
@@ -225,9 +226,9 @@ def test_step_and_total_records_show_a_bar_coloured_by_the_final_state(tmp_path,
 def test_a_bar_whose_total_shrinks_keeps_value_within_max(tmp_path, shown):
     d = started(tmp_path, world_size=1)
     d.record(0, {"step": 90, "total": 100})
-    d._push(time.monotonic())
+    d.push(time.monotonic())
     d.record(0, {"step": 4, "total": 5})  # a new loop with fewer steps
-    d._push(time.monotonic())
+    d.push(time.monotonic())
     assert (d.panes[0].bar.value, d.panes[0].bar.max) == (5, 5)
 
 

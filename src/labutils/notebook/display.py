@@ -7,13 +7,14 @@ A display may set ``stop_requested`` (the widget display's Stop button does) and
 the launcher stops the run.
 
 Plain text is used wherever no widget frontend is there to render panes:
-papermill, nbval, ``jupyter nbconvert --execute``, a terminal. Each line is
-printed as ``[rank N] line`` so it is saved with the notebook. In a notebook the
-output is bounded: after ``limit`` lines of one rank the rest is counted, not
-shown, and the end of the run shows that rank's last lines and where the
-complete log is. A traceback or a Python warning that repeats one shown before
-(another rank's, or the same rank's in an earlier attempt) is shown as one line that
-names the rank it repeats, and the summary at the end does not print a traceback shown above; torch's
+papermill, nbval, ``jupyter nbconvert --execute``, a terminal (modes.py makes that
+choice; the widget display is in widgets.py). Each line is printed as
+``[rank N] line`` so it is saved with the notebook. In a notebook the output is
+bounded: after ``limit`` lines of one rank the rest is counted, not shown, and the
+end of the run shows that rank's last lines and where the complete log is. A
+traceback or a Python warning that repeats one shown before (another rank's, or the
+same rank's in an earlier attempt) is shown as one line that names the rank it
+repeats, and the summary at the end does not print a traceback shown above; torch's
 build paths are cut as machine paths are (runfiles.shorten_paths). The log files
 keep every line as the rank wrote it.
 """
@@ -30,8 +31,6 @@ from typing import TextIO
 
 from labutils.run.result import RunResult
 from labutils.runtime.runfiles import relative_path, shorten_paths
-
-DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
 
 class Display:
@@ -289,47 +288,3 @@ class TextDisplay(Display):
                          and self.shown_traceback(f.rank, f.exc_type, f.message))
             self.out.write(result.summary(traceback_shown=above) + "\n")
         self.out.flush()
-
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
-
-
-def choose_mode(mode: str = "auto") -> str:
-    """Resolve "auto": widgets in a live JupyterLab, text elsewhere.
-
-    JupyterLab's server sets JPY_SESSION_NAME for the kernels it starts; papermill,
-    nbval and nbconvert start kernels without it and render no widgets, so they get
-    text that is saved in the notebook. LABUTILS_DISPLAY overrides the choice.
-    """
-    mode = os.environ.get("LABUTILS_DISPLAY", mode) if mode == "auto" else mode
-    if mode != "auto":
-        return mode
-    if _in_kernel():
-        return "widgets" if os.environ.get("JPY_SESSION_NAME") else "text"
-    return "text"
-
-
-def make_display(mode: str = "auto") -> Display:
-    """A display for the mode ("auto", "widgets", "text", "terminal" or "none")."""
-    if mode not in DISPLAY_MODES:
-        from labutils.errors import LaunchConfigError
-
-        raise LaunchConfigError("display", expected=" | ".join(DISPLAY_MODES), given=mode,
-                                fix="pass display='auto' to choose by where the code runs")
-    mode = choose_mode(mode)
-    if mode == "widgets":
-        from labutils.notebook.widgets import WidgetDisplay
-
-        return WidgetDisplay()
-    if mode == "terminal":
-        return TextDisplay(limit=None)
-    if mode == "none":
-        return Display()
-    return TextDisplay()

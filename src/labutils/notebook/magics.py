@@ -33,7 +33,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from labutils.run.spec import BACKENDS, runs_root
 from labutils.runtime import runfiles
-from labutils.notebook.display import DISPLAY_MODES
+from labutils.notebook.modes import DISPLAY_MODES
 from labutils.errors import LaunchConfigError
 from labutils.run.launcher import last_result, launch
 from labutils.run.result import RunResult
