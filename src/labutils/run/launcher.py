@@ -41,7 +41,8 @@ from labutils.runtime.procs import _signal_all, descendants, free_port, pid_aliv
 from labutils.run.spec import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
 from labutils.cluster.network import check_endpoint_host, interface_env
 from labutils.run.diagnosis import analyse_hang, find_failure
-from labutils.notebook.display import Display, make_display
+from labutils.notebook.display import Display
+from labutils.notebook.modes import make_display
 from labutils.errors import LaunchConfigError
 from labutils.run.result import RankResult, RunResult, attempt_line
 from labutils.run.streams import EventTail, RankOutput
