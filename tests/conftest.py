@@ -97,6 +97,11 @@ def write_script(tmp_path):
 PYTHON = sys.executable
 
 
+def pytest_addoption(parser):
+    parser.addoption("--stress", action="store_true", default=False,
+                     help="run the lifetime tests' every ending 20 times (tests/test_lifetime.py)")
+
+
 def this_python_kernel(tmp_path, name: str):
     """A KernelManager for an ipykernel on this Python, through a kernelspec in tmp_path
     (not started; the caller starts it, or hands it to nbclient)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from labutils.errors import LabutilsError, LaunchConfigError
@@ -124,18 +125,31 @@ def _scheduler(ns: argparse.Namespace) -> dict:
     return {"scheduler": ns.scheduler, "slurm": slurm or None}
 
 
+_ended_by: list[int] = []  # the signals that ended this CLI's run, as they came
+
+
+def _end_on(signum: int, frame) -> None:
+    """SIGTERM or SIGHUP: stop the run the way Ctrl-C does."""
+    _ended_by.append(signum)
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+
 def _cmd_launch(ns: argparse.Namespace) -> int:
     from labutils.notebook.display import TextDisplay
     from labutils.run.launcher import last_result, launch
 
     kwargs = launch_kwargs(ns)
+    # What `timeout`, systemd, schedulers and a closed terminal send: stop every rank,
+    # write the summary, exit 128 + the signal (143, 129), as Ctrl-C exits 130.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _end_on)
     try:
         result = launch(ns.script, ns.nproc, display=TextDisplay(limit=None), **kwargs)
     except KeyboardInterrupt:
         result = last_result()
         if result is not None and ns.json_file:
             result.write_json(ns.json_file)
-        return EXIT_INTERRUPTED
+        return 128 + _ended_by[0] if _ended_by else EXIT_INTERRUPTED
     if ns.json_file:
         result.write_json(ns.json_file)
     return result.exit_status

@@ -3,9 +3,10 @@
 The calling thread runs one loop: read new lines and events from the run folder,
 hand them to the display, and watch for the end (the agents exit), a stop
 request, the timeout, or a hang (no rank made progress for hang_timeout
-seconds). Whatever ends the run, _shutdown() leaves no process behind: the agents
-and every worker get SIGTERM, then SIGKILL, and the agents and workers also die
-by themselves if this process dies (see _agent.py and worker.py).
+seconds). Whatever ends the run, _shutdown() leaves no process behind: every rank
+and every agent's keeper get SIGTERM, and each keeper ends whatever is left below
+it, the ranks' own children and daemons included. If this process dies, the
+keepers notice and do the same (see runtime/agent.py).
 
 A run may have several agents on this machine (launch(nnodes="1:2")), each one a
 "node" of the same c10d rendezvous on loopback, all writing into one run folder.
@@ -37,7 +38,8 @@ import uuid
 from pathlib import Path
 
 from labutils.runtime import runfiles
-from labutils.runtime.procs import _signal_all, descendants, free_port, pid_alive, stop_processes
+from labutils.runtime.procs import (descendants, free_port, ownership_mode, pid_alive, signal_all,
+                                     stop_processes)
 from labutils.run.spec import LaunchSpec, make_spec, new_run_dir, public_fault, torchrun_command
 from labutils.cluster.network import check_endpoint_host, interface_env
 from labutils.run.diagnosis import analyse_hang, find_failure
@@ -54,6 +56,9 @@ AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvou
 # How long agents may linger once every rank has finished while an agent is gone by an
 # injected fault: torchrun's exit barrier would wait 300 s for the agent that left.
 EXIT_BARRIER_GRACE_S = 2.0
+# How long a stopped agent's keeper may take to end its tree (its own limits add up to
+# about 8 s: ranks 2 s, what is left 1 s, SIGKILL until gone) before it is killed.
+KEEPER_WAIT_S = 15.0
 # A job's nodes end it when the launcher following it (scheduler="slurm") has not renewed
 # its lease for this long: that launcher, or the kernel it ran in, was killed.
 WAIT_NOTE_S = 15.0  # a multi-node job with no rank yet: when to say it waits for nodes
@@ -396,18 +401,22 @@ class Launch:
 
     def _shutdown(self) -> None:
         self._tell_other_nodes()
-        pids = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)]
-        agents = [agent.proc.pid for agent in self.agents if agent.alive()]
-        for pid in agents:
-            pids = [pid, *descendants(pid), *pids]
-        if pids:
-            stop_processes(pids, supervisors=agents)
-        for agent in self.agents:
-            if agent.proc is None:
-                continue
+        ranks = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)]
+        keepers = [agent.proc for agent in self.agents if agent.alive()]
+        # Each agent's keeper ends everything below it, the ranks' own children and
+        # daemons included (runtime/agent.py); the ranks also get SIGTERM from here at
+        # once, as torchrun would send it. A keeper is never SIGKILLed while it works:
+        # only one that has not finished after KEEPER_WAIT_S is, with its tree.
+        signal_all([*ranks, *(k.pid for k in keepers)], signal.SIGTERM)
+        deadline = time.monotonic() + KEEPER_WAIT_S
+        for keeper in keepers:
             try:
-                agent.proc.wait(timeout=5)
+                keeper.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                stop_processes([keeper.pid, *descendants(keeper.pid)], grace_s=0.5)
+        stop_processes([p for p in ranks if pid_alive(p)], grace_s=0.5)  # an agent already gone
+        for agent in self.agents:
+            if agent.proc is not None and agent.proc.poll() is None:
                 agent.proc.kill()
                 agent.proc.wait()
         if self.token:  # this node's ranks are gone: the other nodes need not wait for them
@@ -515,7 +524,7 @@ class Launch:
         pids = [self.ranks[rank].pid for rank in gone if self._alive(self.ranks[rank])]
         if agent.alive():
             pids = [agent.proc.pid, *descendants(agent.proc.pid), *pids]
-        _signal_all(pids, signal.SIGKILL)
+        signal_all(pids, signal.SIGKILL)
         agent.stopped_by_fault = fault
         for rank in gone:
             self.ranks[rank].exit_code = -signal.SIGKILL
@@ -687,6 +696,7 @@ class Launch:
             reason=self.reason, script=str(self.spec.script), command=self.command,
             commands=[a.command for a in self.agents],
             agent_exit_code=self.proc.returncode if self.proc else None,
+            ownership=ownership_mode() if self.agents else None,
         )
 
 

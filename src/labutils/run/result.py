@@ -88,6 +88,10 @@ class RunResult:
     agent_exit_code: int | None = None
     commands: list[list[str]] = field(default_factory=list)  # every agent's command
     cluster: dict | None = None  # the virtual cluster it ran on (labutils.cluster), if any
+    # How the run's processes were owned: "subreaper" (each agent's keeper adopts and
+    # ends whatever the ranks start, daemons included) or "process-tree" (the tree the
+    # launcher can see); None when the nodes ran elsewhere (SLURM).
+    ownership: str | None = None
 
     @property
     def restarts(self) -> int:
@@ -123,6 +127,7 @@ class RunResult:
             "attempts": self.attempts,
             "records": self.records,
             **({"cluster": self.cluster} if self.cluster else {}),
+            **({"ownership": self.ownership} if self.ownership else {}),
         }
 
     def write_json(self, path: str | os.PathLike) -> None:

@@ -1,29 +1,144 @@
-"""Entry point of the torchrun agent: die with the launcher, then run torchrun.
+"""Entry point of a torchrun agent: a keeper process that owns everything below it.
 
 The launcher starts ``python -m labutils.runtime.agent <torchrun args>`` instead of
-``python -m torch.distributed.run`` so that the agent is SIGKILLed by the
-kernel if the process that called launch() dies (a Jupyter kernel killed with
--9, say). Each worker does the same towards the agent (see worker.py), so the
-whole tree goes down with its root. Nothing else changes: this runs
-torch.distributed.run's own main in the same interpreter.
+``python -m torch.distributed.run``. This process is the *keeper*: it makes itself
+the subreaper of its tree (every process its descendants orphan, a rank's child or
+a double-forked daemon in a new session, is re-parented to it instead of to init),
+forks, and the child runs torch.distributed.run's own main, unchanged: the torchrun
+agent, which starts, watches, stops and restarts the ranks.
+
+The keeper then only waits. When the agent exits, when it is asked to stop
+(SIGTERM, SIGINT or SIGHUP: the launcher's stop) or when the process that started
+it dies (it is re-parented: a kernel killed with -9, a CLI killed), it ends every
+process left in its tree (SIGTERM, then SIGKILL after a grace period) and exits
+the way the agent did. So a run leaves nothing behind in any ending short of a
+SIGKILL of the keeper itself; the ranks also die with the agent, and the agent
+with the keeper (see worker.py), so even then no rank outlives it.
+
+The keeper imports only the standard library and labutils.runtime, and forks
+before any thread exists: forking a single-threaded process is safe.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
+import time
 
-from labutils.runtime.procs import die_with_parent
+from labutils.runtime.procs import become_subreaper, die_with_parent, tree
 from labutils.runtime.runfiles import ENV_AGENT_PID, ENV_PARENT_PID
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+WATCHED = {signal.SIGCHLD, *STOP_SIGNALS}
+PARENT_CHECK_S = 0.1   # how often the keeper looks whether its starter is still there
+AGENT_GRACE_S = 2.0    # after a stop: how long the agent may wind its ranks down
+TREE_GRACE_S = 1.0     # then: how long what is left may take after SIGTERM
 
-def main() -> None:
-    parent = os.environ.get(ENV_PARENT_PID)
-    die_with_parent(int(parent) if parent else None)
+
+def run_agent(argv: list[str]) -> None:
+    """The keeper's child: torchrun's agent in this (forked) interpreter."""
+    die_with_parent()
     os.environ[ENV_AGENT_PID] = str(os.getpid())
-    sys.argv[0] = "torchrun"
+    sys.argv = ["torchrun", *argv]
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def _reap(agent: int) -> int | None:
+    """Collect every exited child (adopted orphans too); the agent's wait status if it
+    was among them."""
+    status = None
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status
+        if pid == 0:
+            return status
+        if pid == agent:
+            status = code
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def end_tree(agent: int, *, stopping: bool) -> int | None:
+    """End every process below this one; the agent's wait status if it was reaped here.
+
+    Everything left gets SIGTERM. When stopping (the agent may still run), the ranks
+    (the agent's children) get up to AGENT_GRACE_S to go, then the agent gets SIGKILL
+    at once: it would only wind down a rendezvous nobody needs. Whatever is still
+    there TREE_GRACE_S after the SIGTERM (a rank's child that ignores it, a daemon)
+    gets SIGKILL until nothing is left; processes forked meanwhile are found on the
+    next pass.
+    """
+    me, status, start = os.getpid(), None, time.monotonic()
+    _signal(tree(me), signal.SIGTERM)
+    if stopping:
+        while time.monotonic() - start < AGENT_GRACE_S:
+            status = _reap(agent) if status is None else status
+            if status is not None or not tree(agent):
+                break
+            time.sleep(0.02)
+        if status is None:
+            _signal([agent], signal.SIGKILL)
+    for sig, until in ((signal.SIGTERM, TREE_GRACE_S), (signal.SIGKILL, TREE_GRACE_S + 5.0)):
+        while True:
+            status = _reap(agent) if status is None else status
+            left = tree(me)
+            if not left or time.monotonic() - start >= until:
+                break
+            _signal(left, sig)
+            time.sleep(0.02)
+        if not left:
+            break
+    return _reap(agent) if status is None else status
+
+
+def _exit_like(status: int | None, stop_signal: int | None) -> None:
+    """Leave with the agent's exit status: its code, or death by its signal."""
+    if status is not None and os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) \
+        else (stop_signal or signal.SIGKILL)
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    starter = os.getppid()
+    if os.environ.get(ENV_PARENT_PID, str(starter)) != str(starter):
+        os._exit(137)  # the launcher that started this is already gone
+    become_subreaper()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    agent = os.fork()
+    if agent == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        run_agent(argv)
+    status, stop = None, None
+    while status is None:
+        info = signal.sigtimedwait(WATCHED, PARENT_CHECK_S)
+        status = _reap(agent)
+        if status is not None:
+            break
+        if info is not None and info.si_signo in STOP_SIGNALS:
+            stop = info.si_signo
+        elif os.getppid() != starter:
+            stop = signal.SIGTERM  # the launcher died: end the run it cannot end
+        if stop is not None:
+            break
+    reaped = end_tree(agent, stopping=stop is not None)
+    _exit_like(status if status is not None else reaped, stop)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,56 @@ import time
 from collections.abc import Iterable
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# How a run owns every process it starts (RunResult.ownership): "subreaper" where the
+# kernel lets the agent's keeper adopt whatever its descendants orphan (Linux >= 3.4),
+# else "process-tree" (the launcher stops the tree it can see; a double-forked daemon
+# may escape).
+OWNERSHIP_SUBREAPER = "subreaper"
+OWNERSHIP_TREE = "process-tree"
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (a double-forked daemon, the
+    children of a rank that died), so that it can end them: True where the kernel can."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def ownership_mode() -> str:
+    """How the agents' keepers will own their trees on this machine (see OWNERSHIP_*)."""
+    return OWNERSHIP_SUBREAPER if sys.platform.startswith("linux") and os.path.isdir(
+        "/proc/self") else OWNERSHIP_TREE
+
+
+def tree(root: int) -> list[int]:
+    """Every live descendant of root, read from /proc (no psutil: the keeper uses it)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def die_with_parent(expected_parent: int | None = None) -> None:
@@ -24,12 +74,7 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     the signal would never come. Elsewhere this is a no-op: the launcher's own
     stop still reaches every process it started.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL):
         return
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(137)
@@ -68,7 +113,8 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
-def _signal_all(pids: Iterable[int], sig: int) -> None:
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Send sig to each process and to the group it leads (a rank leads its own)."""
     for pid in pids:
         try:
             os.killpg(pid, sig)  # workers lead their own session: reach their children too
@@ -97,7 +143,7 @@ def stop_processes(pids: Iterable[int], *, grace_s: float = 2.0,
     pids = [p for p in dict.fromkeys(pids) if p and p > 1 and p != os.getpid()]
     supervisors = set(supervisors)
     workers = [p for p in pids if p not in supervisors]
-    _signal_all(pids, signal.SIGTERM)
+    signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not any(pid_alive(p) for p in pids):
@@ -106,7 +152,7 @@ def stop_processes(pids: Iterable[int], *, grace_s: float = 2.0,
             break
         time.sleep(0.02)
     stubborn = [p for p in pids if pid_alive(p)]
-    _signal_all(stubborn, signal.SIGKILL)
+    signal_all(stubborn, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline and any(pid_alive(p) for p in stubborn):
         time.sleep(0.02)
