@@ -15,10 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from labutils.cluster import virtual as cl
+from labutils.cluster import clean_stale, parse_rate, rate_text, virtual_cluster
+from labutils.cluster.netns import list_namespaces
 from labutils.errors import LaunchConfigError
 
 pytestmark = pytest.mark.timeout(240)
@@ -57,10 +59,10 @@ def job(tmp_path):
 
 def _ours(tag_or_pid: str) -> dict[str, list[str]]:
     """What of a cluster exists: namespaces, links in this namespace, /etc/netns dirs."""
-    names = [n for n in cl._namespaces() if tag_or_pid in n]
+    names = [n for n in list_namespaces() if tag_or_pid in n]
     links = [ln for ln in subprocess.run(["ip", "-o", "link"], capture_output=True,
                                          text=True).stdout.splitlines() if f"lu{tag_or_pid}" in ln]
-    etc = [p.name for p in (cl.Path("/etc/netns").glob(f"*{tag_or_pid}*"))]
+    etc = [p.name for p in (Path("/etc/netns").glob(f"*{tag_or_pid}*"))]
     return {"namespaces": names, "links": links, "etc": etc}
 
 
@@ -81,7 +83,7 @@ def _tag(cluster) -> str:
 
 @pytest.fixture(scope="module")
 def namespaces_allowed():
-    with cl.virtual_cluster(2) as c:
+    with virtual_cluster(2) as c:
         if c.mode != "namespaces":
             pytest.skip(f"virtual cluster on loopback here: {c.reason}")
 
@@ -93,36 +95,36 @@ def namespaces_allowed():
     (250_000_000, 250_000_000),
 ])
 def test_rates(text, bits):
-    assert cl.parse_rate(text) == bits
+    assert parse_rate(text) == bits
 
 
 @pytest.mark.parametrize("bad", ["fast", "400", "10bit", "-5mbit", "400 mbit/s", True, None, [1],
                                  "500gbit"])
 def test_bad_rate_is_one_line(bad):
     with pytest.raises(LaunchConfigError) as err:
-        cl.parse_rate(bad)
+        parse_rate(bad)
     assert err.value.what == "link" and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("hosts", [0, 9, 2.0, True, "2"])
 def test_bad_host_count_fails_before_anything_is_made(hosts):
-    before = cl._namespaces()
+    before = list_namespaces()
     with pytest.raises(LaunchConfigError, match="hosts: expected an int from 1 to 8"):
-        cl.virtual_cluster(hosts)
+        virtual_cluster(hosts)
     with pytest.raises(LaunchConfigError, match="link: expected"):
-        cl.virtual_cluster(2, link="quick")
-    assert cl._namespaces() == before
+        virtual_cluster(2, link="quick")
+    assert list_namespaces() == before
 
 
 def test_rate_text():
-    assert cl.rate_text(400e6) == "400 Mbit/s"
-    assert cl.rate_text(1.5e9) == "1.5 Gbit/s"
-    assert cl.rate_text(95.6e6) == "95.6 Mbit/s"
+    assert rate_text(400e6) == "400 Mbit/s"
+    assert rate_text(1.5e9) == "1.5 Gbit/s"
+    assert rate_text(95.6e6) == "95.6 Mbit/s"
 
 
 def test_without_root_it_says_loopback(monkeypatch):
-    monkeypatch.setattr(cl.os, "geteuid", lambda: 1000)
-    c = cl.virtual_cluster(3, link="200mbit")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    c = virtual_cluster(3, link="200mbit")
     assert (c.mode, c.link, c.addresses) == ("loopback", None, ["127.0.0.1"] * 3)
     assert c.describe().startswith("3 hosts on this machine's loopback, links not shaped: "
                                    "network namespaces need root")
@@ -131,7 +133,7 @@ def test_without_root_it_says_loopback(monkeypatch):
 
 # ---------------------------------------------------------------- real links
 def test_links_are_capped_and_measured(namespaces_allowed):
-    with cl.virtual_cluster(3, link="200mbit") as c:
+    with virtual_cluster(3, link="200mbit") as c:
         tag = _tag(c)
         first = c.link
         assert first["rate_bps"] == 200e6
@@ -158,7 +160,7 @@ def test_a_job_across_three_hosts_waits_on_the_wire(namespaces_allowed, job, tmp
     """An all_reduce over capped links cannot beat them: the ring sends 2(n-1)/n of the
     data through every host's link, so it takes at least that over the rate."""
     rate = 200e6
-    with cl.virtual_cluster(3, link="200mbit") as c:
+    with virtual_cluster(3, link="200mbit") as c:
         tag = _tag(c)
         before = [c.counters(h) for h in range(3)]
         result = c.launch(job, 1, log_dir=tmp_path / "runs", display="none",
@@ -184,7 +186,7 @@ def test_a_job_across_three_hosts_waits_on_the_wire(namespaces_allowed, job, tmp
 
 @pytest.mark.slow
 def test_a_failed_run_leaves_nothing(namespaces_allowed, job, tmp_path):
-    with cl.virtual_cluster(2, link="400mbit") as c:
+    with virtual_cluster(2, link="400mbit") as c:
         tag = _tag(c)
         result = c.launch(job, 1, args=["fail"], log_dir=tmp_path / "runs", display="none",
                           hang_timeout=60, timeout=120)
@@ -257,15 +259,15 @@ def test_a_caller_killed_with_9_is_cleaned_by_the_next_cluster(namespaces_allowe
         time.sleep(0.2)
     assert not _ranks_of(tmp_path / "runs")
     assert len(_ours(tag)["namespaces"]) == 2  # nobody was left to delete them...
-    with cl.virtual_cluster(1):  # ...until the next cluster is made
+    with virtual_cluster(1):  # ...until the next cluster is made
         pass
     assert _gone(tag) == {}
 
 
 def test_stale_cleaning_spares_live_owners(namespaces_allowed):
-    with cl.virtual_cluster(2) as c:
+    with virtual_cluster(2) as c:
         tag = _tag(c)
-        assert c.switch not in cl.clean_stale()  # owned by this live process
+        assert c.switch not in clean_stale()  # owned by this live process
         assert len(_ours(tag)["namespaces"]) == 2
     assert _gone(tag) == {}
 

@@ -1,6 +1,6 @@
 """Networking for jobs across machines: which interface the ranks should use.
 (Machines made of network namespaces, to run such a job on one host, are in
-labutils.cluster.)
+labutils.cluster.virtual.)
 
 The fact that drives this module (seen with torch 2.13 and gloo):
 
@@ -23,7 +23,11 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def resolve_host(host: str) -> str:
-    """An IPv4 address for host (an address stays as it is)."""
+    """An IPv4 address for host (an address stays as it is).
+
+    Args:
+        host: a name or an address.
+    """
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
@@ -31,7 +35,11 @@ def resolve_host(host: str) -> str:
 
 
 def interface_of(address: str) -> str | None:
-    """The name of this machine's interface that holds address, or None."""
+    """The name of this machine's interface that holds address, or None.
+
+    Args:
+        address: an IPv4 address.
+    """
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():
@@ -45,6 +53,9 @@ def route_interface(endpoint: str) -> tuple[str | None, str | None]:
 
     No packet is sent: connecting a UDP socket only asks the kernel for the route.
     (None, None) when the host cannot be resolved or reached.
+
+    Args:
+        endpoint: "HOST:PORT".
     """
     host = endpoint.rpartition(":")[0].strip("[]")
     try:
@@ -63,6 +74,10 @@ def interface_env(endpoint: str, env: dict[str, str]) -> tuple[dict[str, str], s
 
     Loopback is left alone: a job whose endpoint is on this machine's loopback runs
     on this machine only, where gloo's own choice works.
+
+    Args:
+        endpoint: the rendezvous "HOST:PORT".
+        env: the variables the ranks get already.
     """
     if any(var in env for var in IFNAME_VARS):
         chosen = ", ".join(f"{v}={env[v]}" for v in IFNAME_VARS if v in env)
@@ -78,7 +93,11 @@ def interface_env(endpoint: str, env: dict[str, str]) -> tuple[dict[str, str], s
 
 
 def check_endpoint_host(endpoint: str) -> None:
-    """A clear error before any process starts when the endpoint's host cannot be resolved."""
+    """A clear error before any process starts when the endpoint's host cannot be resolved.
+
+    Args:
+        endpoint: the rendezvous "HOST:PORT".
+    """
     host = endpoint.rpartition(":")[0].strip("[]")
     try:
         resolve_host(host)

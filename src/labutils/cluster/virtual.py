@@ -7,16 +7,10 @@ fast on a cluster (communication hidden behind computation, rings limited by lin
 bandwidth) cannot show. Network namespaces give each host its own interfaces;
 veth pairs into a bridge (the switch, in a namespace of its own) make the cables;
 a traffic-control HTB class on both ends of each cable caps it in both directions.
-The kernel has no netem here, so links add bandwidth limits, not latency.
+The kernel has no netem here, so links add bandwidth limits, not latency. How the
+hosts are built, named and cleaned up is in labutils.cluster.netns; rates and the
+measurement of a link in labutils.cluster.links.
 
-Layout of a cluster of N hosts (names carry the owner's pid, see clean_stale()):
-
-    host 0  = the caller's own network namespace (the notebook), interface lu<tag>h0
-    host k  = namespace labutils-<pid>-<tag>-h<k>, interface lu<tag>h<k>
-    switch  = namespace labutils-<pid>-<tag>-sw, bridge br0, one port s<k> per host
-
-Deleting the switch namespace deletes every cable (a veth pair dies with either end),
-so nothing is left in the caller's namespace; the host namespaces are deleted too.
 Without root (or without the `ip` command) every host is this machine's loopback and
 the cluster says so (mode "loopback", reason).
 """
@@ -25,214 +19,38 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ipaddress
+import functools
 import json
 import os
-import re
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from labutils.cluster.links import measure_link, parse_rate, rate_text
+from labutils.cluster.netns import (
+    build_hosts,
+    cap_links,
+    delete_hosts,
+    host_names,
+    in_namespace,
+    link_counters,
+)
 from labutils.errors import LaunchConfigError
 
+if TYPE_CHECKING:  # the run layer imports labutils.cluster.network; it is imported back only
+    # inside launch(), so the packages' imports form no cycle
+    from labutils.run.result import RunResult
+
 MAX_HOSTS = 8  # a bridge takes more; the 2-core machines the course targets run out first
-PREFIX = "labutils-"
-SUBNETS = ipaddress.ip_network("10.214.0.0/16")  # one /24 per cluster
-LOCK_PATH = Path("/run/lock/labutils-cluster.lock")
-_NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-(sw|h\d+)$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
-_UNIT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
-def parse_rate(link: str | int | float) -> int:
-    """A link rate in bits per second from "400mbit", "1gbit", "200M" or a number.
-
-    tc's units: "bit" is bits per second, "bps" bytes per second (so "50mbps" is
-    400 Mbit/s). Raises LaunchConfigError for anything else.
-    """
-    if isinstance(link, bool) or not isinstance(link, (str, int, float)):
-        raise LaunchConfigError("link", expected='a rate such as "400mbit" or "1gbit"',
-                                given=repr(link), fix='pass link="400mbit" (bits per second)')
-    if isinstance(link, (int, float)):
-        bits = float(link)
-    else:
-        m = _RATE.match(link)
-        if not m:
-            raise LaunchConfigError("link", expected='a rate such as "400mbit" or "1gbit"',
-                                    given=repr(link),
-                                    fix='a number with kbit, mbit or gbit, e.g. "200mbit"')
-        bits = float(m.group(1)) * _UNIT[m.group(2).lower()]
-        if (m.group(3) or "").lower() == "bps":
-            bits *= 8
-    if not 10**5 <= bits <= 10**11:
-        raise LaunchConfigError("link", expected="a rate between 100kbit and 100gbit",
-                                given=repr(link), fix='e.g. link="400mbit"')
-    return int(bits)
-
-
-def rate_text(bits_per_s: float) -> str:
-    """400000000 -> "400 Mbit/s"."""
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits_per_s >= scale:
-            value = bits_per_s / scale
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{bits_per_s:.0f} bit/s"
-
-
-# ------------------------------------------------------------------- commands
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-    if done.returncode != 0:
-        raise OSError(done.stderr.strip() or f"{' '.join(argv)} failed")
-    return done.stdout
-
-
-def _ip(*args: str, ns: str | None = None) -> str:
-    return _run(["ip", *(["-n", ns] if ns else []), *args])
-
-
-def _tc(*args: str, ns: str | None = None) -> str:
-    return _run(["tc", *(["-n", ns] if ns else []), *args])
-
-
-def _namespaces() -> list[str]:
-    try:
-        out = _ip("-j", "netns", "list")
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [entry["name"] for entry in json.loads(out or "[]")]
-
-
-def _pids_in(namespace: str) -> list[int]:
-    try:
-        return [int(p) for p in _run(["ip", "netns", "pids", namespace]).split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-
-
-def _delete_namespace(name: str) -> None:
-    subprocess.run(["ip", "netns", "del", name], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=20, check=False)
-    shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
-
-
-def clean_stale() -> list[str]:
-    """Delete what clusters of dead callers left (a caller killed with -9 cannot clean
-    up): every labutils namespace whose owner pid is gone and inside which no process
-    runs any more. Returns the names deleted. Called whenever a cluster is made."""
-    from labutils.runtime.procs import pid_alive
-
-    owners: dict[tuple[str, str], list[str]] = {}
-    for name in _namespaces():
-        m = _NAME.match(name)
-        if m:
-            owners.setdefault((m.group(1), m.group(2)), []).append(name)
-    deleted = []
-    for (pid, _tag), names in owners.items():
-        if int(pid) == os.getpid() or pid_alive(int(pid)):
-            continue
-        if any(_pids_in(n) for n in names):  # its ranks are still dying: next time
-            continue
-        for name in sorted(names, key=lambda n: not n.endswith("-sw")):  # the switch first
-            _delete_namespace(name)
-            deleted.append(name)
-    return deleted
-
-
-@contextlib.contextmanager
-def _creation_lock():
-    """One cluster is made at a time on this machine (they pick free subnets)."""
-    import fcntl
-
-    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_PATH, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """A /24 of SUBNETS that no interface of this namespace uses."""
-    import psutil
-
-    used = {ipaddress.ip_address(a.address) for addrs in psutil.net_if_addrs().values()
-            for a in addrs if a.family == socket.AF_INET}
-    subnets = list(SUBNETS.subnets(new_prefix=24))
-    start = os.getpid() % len(subnets)
-    for k in range(len(subnets)):
-        net = subnets[(start + k) % len(subnets)]
-        if not any(a in net for a in used):
-            return net
-    raise OSError(f"no free /24 left in {SUBNETS}")
-
-
-# ---------------------------------------------------------- measuring a link
-# Runs in host 1's namespace with a bare interpreter (no torch, no labutils): sends
-# for SECONDS on one connection, then bounces one byte ROUNDS times on a second one.
-_SENDER = """
-import socket, sys, time
-host, port, seconds, rounds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-bulk = socket.create_connection((host, port), timeout=30)
-block = bytes(1 << 18)
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    bulk.sendall(block)
-bulk.shutdown(socket.SHUT_WR)
-bulk.recv(1)  # host 0 has counted every byte
-bulk.close()
-ping = socket.create_connection((host, port), timeout=30)
-ping.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-times = []
-for _ in range(rounds):
-    t = time.perf_counter()
-    ping.sendall(b"x")
-    ping.recv(1)
-    times.append(time.perf_counter() - t)
-print(" ".join(f"{t:.9f}" for t in times))
-"""
-
-
-def _receive(server: socket.socket, rounds: int, out: dict) -> None:
-    """Host 0's side of a measurement: count the bulk bytes, then echo the pings."""
-    try:
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(30)
-            total, first, last = 0, None, None
-            while True:
-                data = conn.recv(1 << 20)
-                if not data:
-                    break
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    total += len(data)  # bytes that arrived after the first read
-                last = now
-            out["bits_per_s"] = total * 8 / (last - first) if first and last > first else 0.0
-            conn.sendall(b"k")
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(30)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(rounds):
-                if conn.recv(1) == b"":
-                    break
-                conn.sendall(b"x")
-    except OSError as exc:
-        out["error"] = str(exc)
-
-
-# --------------------------------------------------------------------- cluster
 @dataclass
 class VirtualCluster:
     """N hosts for a multi-node job on this machine; see the module docstring.
@@ -252,7 +70,6 @@ class VirtualCluster:
     namespaces: list[str | None] = field(default_factory=list)  # None: the caller's own
     switch: str | None = None
     link: dict | None = None
-    _rate: int | None = None
     _closed: bool = False
 
     # ---------------------------------------------------------------- reading
@@ -276,41 +93,39 @@ class VirtualCluster:
                 f"{self.link['rtt_ms'] * 1e3:.0f} µs)")
 
     def counters(self, host: int = 0) -> dict[str, int]:
-        """Bytes and packets through host's end of its link ({} on loopback)."""
+        """Bytes and packets through host's end of its link ({} on loopback).
+
+        Args:
+            host: which host, 0 to hosts-1.
+        """
         if self.mode != "namespaces":
             return {}
-        out = _ip("-s", "-j", "link", "show", str(self.interfaces[host]), ns=self.namespaces[host])
-        s = json.loads(out)[0]["stats64"]
-        return {"tx_bytes": s["tx"]["bytes"], "rx_bytes": s["rx"]["bytes"],
-                "tx_packets": s["tx"]["packets"], "rx_packets": s["rx"]["packets"]}
+        return link_counters(self.namespaces[host], str(self.interfaces[host]))
 
     def command(self, host: int, argv: list[str]) -> list[str]:
-        """argv run on host (inside its namespace for hosts 1..N-1)."""
-        ns = self.namespaces[host] if self.mode == "namespaces" else None
-        return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+        """argv run on host (inside its namespace for hosts 1..N-1).
+
+        Args:
+            host: which host, 0 to hosts-1.
+            argv: the command.
+        """
+        return in_namespace(self.namespaces[host] if self.mode == "namespaces" else None, argv)
 
     # ---------------------------------------------------------------- the links
     def set_link(self, link: str | int | float | None, *, measure: bool = True) -> dict | None:
         """Cap every host's link at rate link in both directions (None: uncap), then
-        measure it from host 1 to host 0 unless measure=False. Returns self.link."""
+        measure it from host 1 to host 0 unless measure=False. Returns self.link.
+
+        Args:
+            link: the rate in tc's units ("400mbit") or bits per second; None: uncapped.
+            measure: measure the link once capped (about a second).
+        """
         rate = None if link is None else parse_rate(link)
-        if self.mode != "namespaces" or self.hosts < 2:
-            self._rate, self.link = rate, None
-            return None
-        for host in range(self.hosts):
-            for ns, dev in ((self.namespaces[host], self.interfaces[host]),
-                            (self.switch, f"s{host}")):
-                subprocess.run(["tc", *(["-n", ns] if ns else []), "qdisc", "del", "dev", dev,
-                                "root"], capture_output=True, timeout=20, check=False)
-                if rate is None:
-                    continue
-                _tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10",
-                    ns=ns)
-                # quantum set explicitly: one class, and HTB's default warns at high rates
-                _tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-                    "rate", f"{rate}bit", "ceil", f"{rate}bit", "quantum", "60000", ns=ns)
-        self._rate = rate
         self.link = None
+        if self.mode != "namespaces" or self.hosts < 2:
+            return None
+        cap_links(rate, switch=str(self.switch), namespaces=self.namespaces,
+                  interfaces=self.interfaces)
         if rate is not None:
             self.link = {"rate_bps": rate}
             if measure:
@@ -320,32 +135,22 @@ class VirtualCluster:
     def measure(self, *, seconds: float = 1.0, rounds: int = 50) -> dict:
         """Measure the link between host 1 and host 0 for real: TCP throughput from
         host 1 to host 0 for `seconds`, then the median round trip of one byte.
-        Returns {"measured_bps", "rtt_ms"}."""
+        Returns {"measured_bps", "rtt_ms"}.
+
+        Args:
+            seconds: how long host 1 sends.
+            rounds: how many one-byte round trips.
+        """
         if self.mode != "namespaces" or self.hosts < 2:
             raise RuntimeError("only a cluster of 2+ hosts in namespaces has a link to measure")
-        server = socket.create_server((self.addresses[0], 0))
-        port = server.getsockname()[1]
-        out: dict = {}
-        receiver = threading.Thread(target=_receive, args=(server, rounds, out), daemon=True)
-        receiver.start()
-        try:
-            done = subprocess.run(
-                self.command(1, [sys.executable, "-S", "-c", _SENDER, self.addresses[0],
-                                 str(port), str(seconds), str(rounds)]),
-                capture_output=True, text=True, timeout=seconds + 30)
-        finally:
-            receiver.join(timeout=10)
-            server.close()
-        if done.returncode != 0 or "error" in out:
-            raise OSError(f"measuring the link failed: {out.get('error') or done.stderr.strip()}")
-        rtts = [float(t) for t in done.stdout.split()]
-        return {"measured_bps": out.get("bits_per_s", 0.0),
-                "rtt_ms": statistics.median(rtts) * 1e3 if rtts else float("nan")}
+        return measure_link(self.addresses[0], on_sender=functools.partial(self.command, 1),
+                            seconds=seconds, rounds=rounds)
 
     # ------------------------------------------------------------------ running
-    def launch(self, script, nproc: int = 1, *, rdzv_id: str | None = None, log_dir=None,
-               args=(), env=None, display="auto", node_timeout: float = 30.0,
-               **launch_kwargs):
+    def launch(self, script: str | os.PathLike, nproc: int = 1, *, rdzv_id: str | None = None,
+               log_dir: str | os.PathLike | None = None, args: Sequence[str] = (),
+               env: dict[str, str] | None = None, display: object = "auto",
+               node_timeout: float = 30.0, **launch_kwargs) -> RunResult:
         """Run script as a job of one node per host, nproc ranks per node (global rank
         = host * nproc + local rank); returns node 0's RunResult, which shows every
         rank (the nodes share the run folder) and carries result.cluster.
@@ -355,11 +160,23 @@ class VirtualCluster:
         and max_restarts. They end with this process whatever happens; after node 0
         returns they have node_timeout seconds to finish writing before they are
         stopped. Other keyword arguments go to launch() of node 0.
+
+        Args:
+            script: the training script.
+            nproc: ranks per node.
+            rdzv_id: the job's rendezvous id; default: the script's name and a random tag.
+            log_dir: where the run folder goes (launch()'s log_dir).
+            args: the script's own arguments.
+            env: extra environment variables for every rank.
+            display: launch()'s display ("auto", "text", "none" or a Display), for node
+                0's view of every rank.
+            node_timeout: seconds nodes 1..N-1 get to finish after node 0 returned.
+            **launch_kwargs: the rest of launch()'s options.
         """
-        from labutils.runtime import runfiles
-        from labutils.runtime.procs import free_port, stop_processes
-        from labutils.run.spec import runs_root
         from labutils.run.launcher import launch, prepare
+        from labutils.run.spec import runs_root
+        from labutils.runtime import runfiles
+        from labutils.runtime.procs import free_port
 
         if self._closed:
             raise RuntimeError("this cluster is closed; make a new one with virtual_cluster()")
@@ -371,33 +188,22 @@ class VirtualCluster:
         rdzv_id = rdzv_id or f"{Path(str(script)).stem}-{uuid.uuid4().hex[:8]}"
         endpoint = f"{self.addresses[0]}:{free_port(self.addresses[0])}"
         root = runs_root(log_dir).resolve()
-        def node_env(host: int) -> dict[str, str]:  # labutils.dist.link_bytes() reads it
-            name = self.interfaces[host] if self.mode == "namespaces" else None
-            link = {runfiles.ENV_LINK: name} if name else {}
-            return {**(env or {}), **link}
-
-        job = prepare(script, nproc, node_rank=0, display=display, env=node_env(0),  # checks input
-                      nnodes=self.hosts, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=root,
-                      args=args, **launch_kwargs)
+        job = prepare(script, nproc, node_rank=0, display=display,  # checks input
+                      env=self._node_env(0, env), nnodes=self.hosts, rdzv_endpoint=endpoint,
+                      rdzv_id=rdzv_id, log_dir=root, args=args, **launch_kwargs)
         job.notes.append(f"virtual cluster: {self.describe()}")
-        argv = [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(nproc),
-                "--nnodes", str(self.hosts), "--rdzv-endpoint", endpoint,
-                "--rdzv-id", rdzv_id, "--log-dir", str(root)]
-        for flag, key in (("--backend", "backend"), ("--hang-timeout", "hang_timeout"),
-                          ("--timeout", "timeout"), ("--max-restarts", "max_restarts")):
-            if key in launch_kwargs:
-                value = launch_kwargs[key]
-                argv += [flag, "0" if value is None else str(value)]
-        tail = [str(Path(str(script)).resolve()), "--", *map(str, args)]
         nodes: list[tuple[subprocess.Popen, object]] = []
         try:
             for host in range(1, self.hosts):
+                words = node_launch_words(script, nproc, hosts=self.hosts, host=host,
+                                          endpoint=endpoint, rdzv_id=rdzv_id, log_dir=root,
+                                          args=args, launch_kwargs=launch_kwargs)
                 out = open(job.run_dir / f"node{host}.out", "wb")  # noqa: SIM115 - closed below
                 proc = subprocess.Popen(
-                    self.command(host, [*argv, "--node-rank", str(host), *tail]),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env={**os.environ, **node_env(host), runfiles.ENV_DIE_WITH: str(os.getpid())})
+                    self.command(host, words), stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, **self._node_env(host, env),
+                         runfiles.ENV_DIE_WITH: str(os.getpid())})
                 nodes.append((proc, out))
                 threading.Thread(target=watch_node, args=(proc, job.run_dir, f"node{host}"),
                                  name=f"labutils-node{host}", daemon=True).start()
@@ -407,14 +213,15 @@ class VirtualCluster:
                 result.write_json(runfiles.node_summary_path(job.run_dir, job.token))
             return result
         finally:
-            deadline = time.monotonic() + node_timeout
-            for proc, out in nodes:
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    stop_processes([proc.pid])
-                    proc.wait()
-                out.close()
+            _end_nodes(nodes, node_timeout)
+
+    def _node_env(self, host: int, env: dict | None) -> dict[str, str]:
+        """The ranks' environment on host; labutils.dist.link_bytes() reads the link's name."""
+        from labutils.runtime import runfiles
+
+        name = self.interfaces[host] if self.mode == "namespaces" else None
+        link = {runfiles.ENV_LINK: name} if name else {}
+        return {**(env or {}), **link}
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -424,17 +231,83 @@ class VirtualCluster:
         self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
-        if self.switch:
-            _delete_namespace(self.switch)
-        for ns in self.namespaces:
-            if ns:
-                _delete_namespace(ns)
+        delete_hosts(self.switch, self.namespaces)
 
     def __enter__(self) -> VirtualCluster:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host: int,
+                      endpoint: str, rdzv_id: str, log_dir: Path, args: Sequence,
+                      launch_kwargs: dict) -> list[str]:
+    """The `labutils launch` command that node `host` (1..hosts-1) of a job on a virtual
+    cluster runs on its host: the same nproc, args, backend, hang_timeout, timeout and
+    max_restarts as node 0, the rendezvous at node 0, the shared run folder.
+
+    Args:
+        script: the training script.
+        nproc: ranks per node.
+        hosts: nodes in the job, one per host.
+        host: this node's rank.
+        endpoint: node 0's rendezvous "ADDRESS:PORT".
+        rdzv_id: the job's rendezvous id.
+        log_dir: the runs folder every node writes into.
+        args: the script's own arguments.
+        launch_kwargs: node 0's other launch() options; the four above are passed on.
+    """
+    argv = [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(nproc),
+            "--nnodes", str(hosts), "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, "--log-dir", str(log_dir)]
+    for flag, key in (("--backend", "backend"), ("--hang-timeout", "hang_timeout"),
+                      ("--timeout", "timeout"), ("--max-restarts", "max_restarts")):
+        if key in launch_kwargs:
+            value = launch_kwargs[key]
+            argv += [flag, "0" if value is None else str(value)]
+    tail = [str(Path(str(script)).resolve()), "--", *map(str, args)]
+    return [*argv, "--node-rank", str(host), *tail]
+
+
+def _end_nodes(nodes: list[tuple[subprocess.Popen, object]], node_timeout: float) -> None:
+    """Give the other nodes' launchers node_timeout seconds in all, then stop them."""
+    from labutils.runtime.procs import stop_processes
+
+    deadline = time.monotonic() + node_timeout
+    for proc, out in nodes:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stop_processes([proc.pid])
+            proc.wait()
+        out.close()
+
+
+def watch_node(proc: subprocess.Popen, run_dir: Path, token: str) -> None:
+    """A node's launcher that ends before its agent ever ran (bad input, no namespace,
+    a crash) would leave node 0 waiting at the rendezvous: end the job (stop.json)
+    and say where that node's output is.
+
+    Args:
+        proc: the node's launcher.
+        run_dir: the job's run folder.
+        token: the node's name in it ("node1": node1.out, done-node1).
+    """
+    from labutils.runtime import runfiles
+
+    code = proc.wait()
+    if runfiles.node_done_path(run_dir, token).exists() or runfiles.stop_path(run_dir).exists():
+        return  # it ran: the launchers' own files tell node 0 how it ended
+    tail = ""
+    try:
+        lines = (run_dir / f"{token}.out").read_text(errors="replace").strip().splitlines()
+        tail = f": {lines[-1].strip()}" if lines else ""
+    except OSError:
+        pass
+    path = runfiles.stop_path(run_dir)
+    runfiles.write_atomic(path, json.dumps({"by": f"{token}'s launcher", "reason": f"it exited "
+                                            f"with status {code} before its ranks started{tail}"}))
 
 
 def _loopback(hosts: int, reason: str) -> VirtualCluster:
@@ -465,38 +338,13 @@ def virtual_cluster(hosts: int = 2, *, link: str | int | float | None = None) ->
     if missing:
         return _loopback(hosts, f"the {' and '.join(missing)} command (Debian package iproute2) "
                                 "is missing; every host is this machine's loopback instead")
-    tag = uuid.uuid4().hex[:6]
-    base = f"{PREFIX}{os.getpid()}-{tag}"
-    cluster = VirtualCluster(hosts=hosts, mode="namespaces", switch=f"{base}-sw",
-                             namespaces=[None] + [f"{base}-h{k}" for k in range(1, hosts)],
-                             interfaces=[f"lu{tag}h{k}" for k in range(hosts)])
+    switch, namespaces, interfaces = host_names(hosts)
+    cluster = VirtualCluster(hosts=hosts, mode="namespaces", switch=switch,
+                             namespaces=namespaces, interfaces=interfaces)
     atexit.register(cluster.close)
     try:
-        with _creation_lock():
-            clean_stale()
-            net = _free_subnet()
-            cluster.addresses = [str(net[k + 1]) for k in range(hosts)]
-            _ip("netns", "add", cluster.switch)
-            _ip("link", "set", "lo", "up", ns=cluster.switch)
-            _ip("link", "add", "br0", "type", "bridge", ns=cluster.switch)
-            _ip("link", "set", "br0", "up", ns=cluster.switch)
-            # torch's sockets are dual-stack: peers show up as ::ffff:a.b.c.d, and a
-            # name that /etc/hosts lacks becomes a DNS lookup (and a warning) per connection
-            names = "".join(f"{a} node{k}\n::ffff:{a} node{k}\n"
-                            for k, a in enumerate(cluster.addresses))
-            for k in range(hosts):
-                ns, dev = cluster.namespaces[k], cluster.interfaces[k]
-                if ns:
-                    _ip("netns", "add", ns)
-                    _ip("link", "set", "lo", "up", ns=ns)
-                    etc = Path("/etc/netns") / ns
-                    etc.mkdir(parents=True, exist_ok=True)
-                    (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{names}")
-                _ip("link", "add", dev, "type", "veth", "peer", "name", f"s{k}",
-                    "netns", cluster.switch, ns=ns)
-                _ip("link", "set", f"s{k}", "master", "br0", "up", ns=cluster.switch)
-                _ip("addr", "add", f"{cluster.addresses[k]}/{net.prefixlen}", "dev", dev, ns=ns)
-                _ip("link", "set", dev, "up", ns=ns)
+        cluster.addresses = build_hosts(switch=switch, namespaces=namespaces,
+                                        interfaces=interfaces)
         if link is not None:
             cluster.set_link(link)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -505,23 +353,3 @@ def virtual_cluster(hosts: int = 2, *, link: str | int | float | None = None) ->
         return _loopback(hosts, f"could not make network namespaces ({first}); every host "
                                 "is this machine's loopback instead")
     return cluster
-
-
-def watch_node(proc: subprocess.Popen, run_dir: Path, token: str) -> None:
-    """A node's launcher that ends before its agent ever ran (bad input, no namespace,
-    a crash) would leave node 0 waiting at the rendezvous: end the job (stop.json)
-    and say where that node's output is."""
-    from labutils.runtime import runfiles
-
-    code = proc.wait()
-    if runfiles.node_done_path(run_dir, token).exists() or runfiles.stop_path(run_dir).exists():
-        return  # it ran: the launchers' own files tell node 0 how it ended
-    tail = ""
-    try:
-        lines = (run_dir / f"{token}.out").read_text(errors="replace").strip().splitlines()
-        tail = f": {lines[-1].strip()}" if lines else ""
-    except OSError:
-        pass
-    path = runfiles.stop_path(run_dir)
-    runfiles.write_atomic(path, json.dumps({"by": f"{token}'s launcher", "reason": f"it exited "
-                                            f"with status {code} before its ranks started{tail}"}))
