@@ -311,9 +311,10 @@ def test_node_1_that_cannot_start_ends_the_job_at_once(job, tmp_path):
 
 
 def test_a_lone_node_says_it_waits_for_the_others(job, tmp_path, monkeypatch, capsys):
+    import labutils.run.follow as follow
     import labutils.run.launcher as launcher
 
-    monkeypatch.setattr(launcher, "WAIT_NOTE_S", 1.0)
+    monkeypatch.setattr(follow, "WAIT_NOTE_S", 1.0)
     from labutils.runtime.procs import free_port
 
     result = launcher.launch(job, 1, nnodes=2, node_rank=0, rdzv_id="lonely",

@@ -168,7 +168,7 @@ def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tm
     import signal
     import sys
 
-    import labutils.run.launcher as launcher
+    import labutils.run.nodes as nodes
 
     layout = _layout(slurm_cluster)
     runs = tmp_path / "runs"
@@ -179,7 +179,7 @@ def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tm
     # The nodes inherit the submitter's environment (sbatch --export=ALL, the default):
     # a 5 s lease instead of 30 s keeps the test short; the mechanism is the same.
     stale_s = 5
-    env = {**os.environ, launcher.ENV_LEASE_STALE_S: str(stale_s)}
+    env = {**os.environ, nodes.ENV_LEASE_STALE_S: str(stale_s)}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env)
     _wait_for(lambda: list(runs.glob("*/rank0/events.jsonl")) and

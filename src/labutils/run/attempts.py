@@ -1,0 +1,154 @@
+"""Rank events folded into attempts: who runs, in which attempt, and how each rank ended.
+
+torchrun restarts every rank after a failure or a membership change; which agent
+runs which rank, and the world size, are only known from the ranks' own start
+events. The fold below reads the events of all ranks in the order they happened
+(the run folder's rank<R>/events.jsonl) and keeps, for each rank, its state in the
+current attempt, and for the run, the attempts seen. It does no I/O and starts no
+process: the launcher feeds it events and acts on the changes it returns, and the
+unit tests feed it recorded events.
+
+An attempt is one rendezvous round: the ranks of one attempt share the round key
+their start events carry (MASTER_ADDR:MASTER_PORT, new each round). A start event
+with another round, or a rank that starts twice in one round, opens the next attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RankState:
+    """What is known about one rank (global rank number) while the run goes."""
+
+    rank: int
+    state: str = "starting"  # starting | running | done | failed | killed | hung
+    pid: int | None = None
+    main_tid: int | None = None
+    attempt: int = -1        # the attempt this rank last started in
+    agent: int | None = None
+    node: str = ""           # the token of the launcher that started it ("": this one)
+    local: bool = True       # started by this launcher: its pid can be signalled
+    exit_code: int | None = None
+    exceptions: dict[int, dict] = field(default_factory=dict)  # attempt -> exception event
+
+
+@dataclass
+class Attempt:
+    """The attempt under way: its rendezvous round and who is in it."""
+
+    index: int
+    round: str
+    world_size: int
+    restart_count: int
+    agents: dict[int, list[int]] = field(default_factory=dict)  # agent -> its ranks
+
+
+# What a fold step changed, for the launcher to show or act on:
+#   ("state", rank, state)          a rank's state changed
+#   ("record", rank, values)        a rank reported values
+#   ("fault", event)                a rank carried out an agent fault
+#   ("restart", attempt, note)      a new attempt began; note says how
+Change = tuple
+
+
+class AttemptFold:
+    """Folds rank events into per-rank state and attempts.
+
+    Args:
+        world_size: the most ranks the run can have.
+        token: the node token of the launcher that folds ("" on one machine);
+            ranks whose start event carries another token are another node's.
+        close: called as close(attempt, next_world_size) just before the next
+            attempt replaces the current one, while every rank still holds its
+            state in the attempt that ends (the launcher records why it ended).
+    """
+
+    def __init__(self, world_size: int, *, token: str = "",
+                 close: Callable[[Attempt, int], None] | None = None) -> None:
+        self.ranks = [RankState(r) for r in range(world_size)]
+        self.token = token
+        self.current: Attempt | None = None
+        self.index = 0
+        self.old_rounds: set[str] = set()
+        self.records: list[dict] = []
+        self.remote_nodes: set[str] = set()
+        self._close = close or (lambda attempt, next_world_size: None)
+
+    def members(self, default_size: int) -> list[RankState]:
+        """The ranks of the current attempt (default_size of them before any start)."""
+        size = self.current.world_size if self.current else default_size
+        return self.ranks[:size]
+
+    def set_state(self, r: RankState, state: str) -> list[Change]:
+        if r.state == state:
+            return []
+        r.state = state
+        return [("state", r.rank, state)]
+
+    def apply(self, rank: int, ev: dict) -> list[Change]:
+        """Fold one event of one rank; the changes it made."""
+        r, kind = self.ranks[rank], ev.get("kind")
+        if kind == "start":
+            return self._start(r, ev)
+        if kind == "record":
+            values = ev.get("values", {})
+            self.records.append({"rank": r.rank, **values})
+            return [("record", r.rank, values)]
+        if kind == "fault":
+            return [("fault", ev)]
+        if kind == "exception":
+            r.exceptions[r.attempt] = ev
+            return self.set_state(r, "failed")
+        if kind == "exit":
+            r.exit_code = int(ev.get("code", 0))
+            return self.set_state(r, "done" if r.exit_code == 0 else "failed")
+        return []
+
+    def _start(self, r: RankState, ev: dict) -> list[Change]:
+        restart = int(ev.get("restart", 0))
+        key = ev.get("round") or f"restart {restart}"
+        if key in self.old_rounds:
+            return []  # a late start event of an attempt that is over
+        changes: list[Change] = []
+        if self.current is None:
+            self._open(key, ev)
+        elif key != self.current.round or r.attempt == self.index:
+            previous = self.current.world_size
+            self._close(self.current, int(ev.get("world_size", 1)))
+            self.old_rounds.add(self.current.round)
+            self.index += 1
+            self._open(key, ev)
+            size = self.current.world_size
+            change = f" (was {previous}: the membership changed)" if previous != size else ""
+            changes.append(("restart", self.index,
+                            f"restart {self.index}: torchrun started the ranks again, restart "
+                            f"count {restart}, world size {size}{change}"))
+        agent = int(ev.get("agent", 0))
+        self.current.agents.setdefault(agent, []).append(r.rank)
+        r.node = ev.get("node") or ""
+        r.local = r.node == self.token
+        if not r.local:
+            self.remote_nodes.add(r.node)
+        if r.rank == 0:
+            self.current.restart_count = restart
+        r.attempt, r.pid, r.main_tid, r.exit_code = self.index, ev.get("pid"), ev.get("main_tid"), None
+        r.agent = agent
+        return changes + self.set_state(r, "running")
+
+    def _open(self, key: str, ev: dict) -> None:
+        self.current = Attempt(index=self.index, round=key, world_size=int(ev.get("world_size", 1)),
+                               restart_count=int(ev.get("restart", 0)))
+
+
+def fold_events(events_by_rank: dict[int, list[dict]], world_size: int, *, token: str = "",
+                close: Callable[[Attempt, int], None] | None = None) -> AttemptFold:
+    """Fold whole event lists (rank -> events, as read from events.jsonl) in time order."""
+    fold = AttemptFold(world_size, token=token, close=close)
+    ordered = sorted((ev.get("t", 0.0), rank, i, ev) for rank, evs in events_by_rank.items()
+                     for i, ev in enumerate(evs))
+    for _, rank, _, ev in ordered:
+        fold.apply(rank, ev)
+    return fold

@@ -1,0 +1,356 @@
+"""Following one run from start to end: lines and events in, a RunResult out.
+
+The calling thread runs one loop: read new lines and events from the run folder,
+fold the events into attempts (run/attempts.py), hand lines and changes to the
+display, and watch for the end: the back end is done (run/backends.py), a stop
+request, the timeout, another node's stop or failure (run/nodes.py), or a hang (no
+rank made progress for hang_timeout seconds: every stack is read). Whatever ends
+the run, the back end's stop() leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from labutils.notebook.display import Display
+from labutils.run import outcome
+from labutils.run.attempts import AttemptFold, RankState
+from labutils.run.backends import LocalAgents, SlurmJob
+from labutils.run.diagnosis import analyse_hang
+from labutils.run.nodes import NodeFiles, node_token, ranks_text
+from labutils.run.result import RunResult
+from labutils.run.spec import LaunchSpec
+from labutils.run.streams import EventTail, RankOutput
+from labutils.runtime import runfiles
+from labutils.runtime.procs import free_port, pid_alive
+
+_last_result: RunResult | None = None
+
+
+def last_result() -> RunResult | None:
+    """The result of the most recent launch() in this process (also after an interrupt)."""
+    return _last_result
+
+
+POLL_S = 0.05
+TICK_S = 0.2
+AGENT_GRACE_S = 10.0  # how long other agents may outlive agent 0, the rendezvous host
+# How long agents may linger once every rank has finished while an agent is gone by an
+# injected fault: torchrun's exit barrier would wait 300 s for the agent that left.
+EXIT_BARRIER_GRACE_S = 2.0
+WAIT_NOTE_S = 15.0  # a multi-node job with no rank yet: when to say it waits for nodes
+
+
+class Run:
+    """One run: start it through its back end, follow it, end it, build the RunResult."""
+
+    def __init__(self, spec: LaunchSpec, run_dir: Path, display: Display, *,
+                 scheduler: str | None = None, slurm: dict | None = None) -> None:
+        self.spec = spec
+        self.run_dir = run_dir
+        self.display = display
+        # This launcher's node of a job across machines ("" on a one-machine run).
+        self.token = node_token(multinode=spec.multinode, node_rank=spec.node_rank)
+        self.nodes = NodeFiles(run_dir, self.token, display.note)
+        self.fold = AttemptFold(spec.world_size, token=self.token,
+                                 close=lambda a, size: outcome.close_attempt(self, a, size))
+        self.output = [RankOutput(run_dir, r) for r in range(spec.world_size)]
+        self.events = [EventTail(run_dir, r) for r in range(spec.world_size)]
+        if scheduler == "slurm":
+            self.backend = SlurmJob(spec, run_dir, slurm, self.nodes)
+        else:
+            self.backend = LocalAgents(spec, run_dir, self.token, port=free_port(),
+                                       run_id=uuid.uuid4().hex[:12])
+        # Ranks may run where this launcher cannot signal them (other machines' nodes).
+        self.shared = spec.multinode or self.backend.shared
+        self.attempts: list[dict] = []
+        self.fired: dict[int, int] = {}  # attempt -> index in spec.faults of an agent fault
+        self.reason = "ok"
+        self.hang = None
+        self.notes: list[str] = []  # lines for the display once the run starts
+        self._host_gone_at: float | None = None
+        self._finished_at: float | None = None
+        self._wait_noted = False
+
+    @property
+    def ranks(self) -> list[RankState]:
+        return self.fold.ranks
+
+    # ---------------------------------------------------------------- lifetime
+    def run(self) -> RunResult:
+        """Start, follow and end the run; the result (KeyboardInterrupt re-raised after
+        every rank is stopped and the summary written)."""
+        spec = self.spec
+        if self.backend.commands:
+            name = f"command-{self.token}.txt" if self.token else "command.txt"
+            (self.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
+                                                         self.backend.commands) + "\n")
+        env, net_note = self._environment()
+        self.t0 = self.last_activity = time.monotonic()
+        interrupted = False
+        self.display.start(world_size=spec.world_size, log_dir=str(self.run_dir),
+                           script=str(spec.script))
+        if spec.local_agents > 1 and self.backend.agents:
+            self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
+                              f"join one rendezvous, --nnodes {spec.nnodes}")
+        if spec.multinode:
+            self.display.note(_multinode_line(spec))
+        for line in ([net_note] if net_note else []) + self.notes:
+            self.display.note(line)
+        with contextlib.ExitStack() as logs:
+            try:
+                self.backend.start(env, logs, self.display.note)
+                self._follow()
+            except KeyboardInterrupt:
+                interrupted = True
+                self.reason = "interrupted"
+            finally:
+                while True:  # a second Ctrl-C must not leave processes behind
+                    try:
+                        self._shutdown()
+                        break
+                    except KeyboardInterrupt:
+                        interrupted = True
+                        self.reason = "interrupted"
+        global _last_result
+        result = _last_result = outcome.final_result(self)
+        result.write_json(runfiles.node_summary_path(self.run_dir, self.token) if self.token
+                          else self.run_dir / "summary.json")
+        self.display.finish(result)
+        if interrupted:
+            raise KeyboardInterrupt(f"run interrupted; every rank was stopped. {result.headline()}")
+        return result
+
+    def _environment(self) -> tuple[dict[str, str], str | None]:
+        spec, env, net_note = self.spec, os.environ.copy(), None
+        if spec.multinode:
+            from labutils.cluster.network import interface_env
+
+            chosen, net_note = interface_env(spec.rdzv_endpoint, {**env, **spec.env})
+            env.update(chosen)
+            env[runfiles.ENV_NODE] = self.token
+        env.update(spec.env)
+        env[runfiles.ENV_RUN_DIR] = str(self.run_dir)
+        env[runfiles.ENV_PARENT_PID] = str(os.getpid())
+        env["LABUTILS_BACKEND"] = spec.backend
+        # Re-initialising gloo through the agent's shared store after a restart fails
+        # intermittently; a store per round does not (docs/architecture.md, restarts).
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if spec.faults:  # the ranks carry them out, inside report(step=S): see dist.py
+            env[runfiles.ENV_FAULT] = json.dumps(spec.faults)
+        if spec.world_size > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
+        return env, net_note
+
+    def _follow(self) -> None:
+        spec, last_tick = self.spec, 0.0
+        while True:
+            self._poll()
+            now = time.monotonic()
+            if self._finished(now):
+                self._poll(final=True)
+                self.reason = self._ending()
+                return
+            if self.display.stop_requested.is_set():
+                self.display.note("stop requested: stopping every rank")
+                self.reason = "stopped"
+                return
+            if spec.multinode and self.nodes.stopped_elsewhere():
+                self.reason = "stopped"
+                return
+            if self.shared and self.nodes.failed_elsewhere(self.fold.remote_nodes,
+                                                           self._failed_ranks_of):
+                self.reason = "failed"
+                return
+            if spec.timeout is not None and now - self.t0 >= spec.timeout:
+                self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
+                self.reason = "timeout"
+                return
+            silent = now - self.last_activity
+            first = isinstance(self.backend, SlurmJob) or \
+                self.nodes.first_to_diagnose(self.fold.remote_nodes)
+            if spec.hang_timeout is not None and self._hung() and (
+                    silent >= spec.hang_timeout * (1 if first else 2)):
+                self._diagnose_hang(silent)
+                self.reason = "hang"
+                return
+            if now - last_tick >= TICK_S:
+                self.display.tick()
+                if isinstance(self.backend, SlurmJob):
+                    self.backend.tick(now)
+                self._note_waiting_for_nodes(now)
+                last_tick = now
+            time.sleep(POLL_S)
+
+    def _ending(self) -> str:
+        if isinstance(self.backend, SlurmJob):
+            return "failed" if self.backend.failed() else "ok"
+        finished = self._finished_at is not None  # the rest wait in the exit barrier
+        codes = self.backend.exit_codes()
+        return "ok" if all(c == 0 or (c is None and finished) for c in codes) else "failed"
+
+    def _finished(self, now: float) -> bool:
+        """The back end is done. Locally: every agent has exited, or agent 0 (the
+        rendezvous host) exited a while ago, or every rank finished after an agent left
+        by a fault (the others would wait in torchrun's exit barrier for the agent that
+        is gone); in a job across machines, also every other node seen in the run folder
+        is done (or AGENT_GRACE_S passed since this node's agent exited)."""
+        backend = self.backend
+        if isinstance(backend, SlurmJob):
+            return backend.finished(now, self.display.note)
+        remote = self.fold.remote_nodes
+        if not backend.any_alive():
+            if self.token and self._host_gone_at is None:
+                self.nodes.mark_done()
+            if not remote or all(self.nodes.done(t) for t in remote):
+                return True
+            self._host_gone_at = self._host_gone_at or now
+            return now - self._host_gone_at >= AGENT_GRACE_S
+        left = {a.index for a in backend.agents if a.stopped_by_fault}
+        if left and self.fold.current and all(
+                r.attempt == self.fold.index and r.exit_code == 0
+                for r in self._members() if r.agent not in left):
+            self._finished_at = self._finished_at or now
+            if now - self._finished_at >= EXIT_BARRIER_GRACE_S:
+                return True
+        if backend.host_alive():
+            return False
+        self._host_gone_at = self._host_gone_at or now
+        return now - self._host_gone_at >= AGENT_GRACE_S
+
+    def _members(self) -> list[RankState]:
+        return self.fold.members(self.spec.world_size)
+
+    def _hung(self) -> bool:
+        """Every rank has started in this attempt and at least one is still alive."""
+        if not self.fold.current:
+            return False
+        members = self._members()
+        if self.shared:  # without a shared run folder only this node's ranks show
+            members = [r for r in members if r.pid] or members
+        started = all(r.attempt == self.fold.index and r.pid for r in members)
+        return started and any(self.alive(r) for r in members)
+
+    def alive(self, r: RankState) -> bool:
+        """Whether a rank of the current run is still running."""
+        if not r.local and not isinstance(self.backend, SlurmJob):
+            # another machine's rank: alive until it exits or its node is done
+            return r.exit_code is None and not self.nodes.done(r.node)
+        return self.backend.rank_alive(r)
+
+    def _failed_ranks_of(self, token: str) -> list[int]:
+        return [r.rank for r in self.ranks if r.node == token and r.attempt == self.fold.index
+                and (self.fold.index in r.exceptions or r.exit_code != 0)]
+
+    def _note_waiting_for_nodes(self, now: float) -> None:
+        """Say once, after WAIT_NOTE_S without a rank, that the job waits for its nodes."""
+        if not self.spec.multinode or self.fold.current or self._wait_noted \
+                or now - self.t0 < WAIT_NOTE_S:
+            return
+        self._wait_noted = True
+        self.display.note(
+            f"no rank has started after {now - self.t0:.0f} s: the job waits until all "
+            f"{self.spec.nnodes} nodes have joined at {self.spec.rdzv_endpoint} (start the "
+            "same launch on every machine, each with its own node rank)")
+
+    def _shutdown(self) -> None:
+        if self.shared:
+            self.nodes.tell_others_to_stop(self.reason)
+        ranks = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
+            if not isinstance(self.backend, SlurmJob) else []
+        self.backend.stop(ranks, self.reason, self.display.note)
+        self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
+        self._poll(final=True)
+        for tail in (*self.output, *self.events):
+            tail.close()
+
+    # ------------------------------------------------------------- following
+    def _poll(self, *, final: bool = False) -> None:
+        # Events of all ranks in the order they happened, so that the last events of
+        # one attempt are never taken for the next attempt's.
+        events = []
+        for rank, (output, tail) in enumerate(zip(self.output, self.events)):
+            new_events = tail.poll(final=final)
+            events.extend((ev.get("t", 0.0), rank, i, ev) for i, ev in enumerate(new_events))
+            new = output.poll(final=final)
+            for stream, lines in new.items():
+                self.display.lines(rank, stream, lines)
+            if new_events or new:
+                self.last_activity = time.monotonic()
+        for _, rank, _, event in sorted(events, key=lambda e: e[:3]):
+            for change in self.fold.apply(rank, event):
+                self._show(change)
+
+    def _show(self, change: tuple) -> None:
+        kind = change[0]
+        if kind == "state":
+            self.display.state(change[1], change[2])
+        elif kind == "record":
+            self.display.record(change[1], change[2])
+        elif kind == "restart":
+            self.display.note(change[2])
+        elif kind == "fault":
+            self._agent_fault_fired(change[1])
+
+    def set_state(self, r: RankState, state: str) -> None:
+        """Change a rank's state and show it."""
+        for change in self.fold.set_state(r, state):
+            self._show(change)
+
+    def _agent_fault_fired(self, ev: dict) -> None:
+        """A rank of agent A killed its agent at step S (the fault's "fault" event)."""
+        attempt = self.fold.index
+        if attempt in self.fired:
+            return
+        for i, fault in enumerate(self.spec.faults):
+            if fault.get("agent") == ev.get("agent") and fault["step"] == ev.get("step") \
+                    and fault["restart"] == ev.get("restart"):
+                self.fired[attempt] = i
+                gone = sorted(self.fold.current.agents.get(fault["agent"], []))
+                self.backend.kill_agent(fault["agent"], [self.ranks[g].pid for g in gone
+                                                         if self.alive(self.ranks[g])], fault)
+                for rank in gone:
+                    self.ranks[rank].exit_code = -signal.SIGKILL
+                    self.set_state(self.ranks[rank], "killed")
+                self.display.note(f"agent {fault['agent']} stopped at step {fault['step']} "
+                                  f"(injected fault): rank(s) {ranks_text(gone)} gone, as if "
+                                  "their machine died")
+                return
+
+    def _diagnose_hang(self, silent: float) -> None:
+        alive = [r for r in self.ranks if self.alive(r)]
+        self.display.note(f"no rank made progress for {silent:.0f} s: reading every rank's stack")
+        offsets = {r.rank: outcome.stacks_size(self.run_dir, r.rank) for r in alive}
+        for r in alive:
+            if r.local:
+                try:
+                    os.kill(r.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        remote = sorted(r.rank for r in alive if not r.local)
+        if remote:  # their launchers' machines: ask through the run folder
+            self.nodes.request_stacks(remote)
+        dumps = outcome.wait_for_dumps(self.run_dir, offsets)
+        exited = {r.rank: r.exit_code for r in self._members() if r.exit_code is not None}
+        self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
+                                 exited=exited, silent_s=silent)
+        for r in alive:
+            self.set_state(r, "hung")
+
+
+
+def _multinode_line(spec: LaunchSpec) -> str:
+    if spec.node_rank is not None:
+        first = spec.node_rank * spec.nproc
+        here = f"rank {first}" if spec.nproc == 1 else f"ranks {first}..{first + spec.nproc - 1}"
+        return (f"node {spec.node_rank} of {spec.nnodes}: {here} "
+                f"here, rendezvous at {spec.rdzv_endpoint} (job {spec.rdzv_id}); ranks of "
+                "other nodes show up here when they share this run folder")
+    return (f"one node of {spec.nnodes} joining the c10d rendezvous at {spec.rdzv_endpoint} "
+            f"(job {spec.rdzv_id}), {spec.nproc} rank(s) here")
