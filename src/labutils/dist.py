@@ -76,7 +76,7 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
     import torch
     import torch.distributed as dist
 
-    chosen = pick_backend(backend or os.environ.get("LABUTILS_BACKEND") or "auto")
+    chosen = pick_backend(backend or os.environ.get(runfiles.ENV_BACKEND) or "auto")
     device = torch.device("cpu")
     if chosen == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

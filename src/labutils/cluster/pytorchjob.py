@@ -52,6 +52,7 @@ from labutils.cluster.pytorchjob_checks import (
     default_name,
 )
 from labutils.errors import InputError
+from labutils.runtime import runfiles
 
 CONTAINER_COURSE_DIR = "/home/learner/course"  # the course's folder in docker/Dockerfile.*
 RENDEZVOUS_PORT = 23456  # the operator's default for the port named pytorchjob-port
@@ -215,15 +216,15 @@ def _torchrun_command(script, args, *, name, nnodes, nproc, elastic, max_restart
 
 def _labutils_command(script, args, *, name, nnodes, nproc, elastic, max_restarts, gpus,
                       log_dir) -> list[str]:
-    command = ["labutils", "launch", "-n", str(nproc), "--nnodes", str(nnodes), "--node-rank", "$(RANK)",
-               "--rdzv-endpoint", "$(MASTER_ADDR):$(MASTER_PORT)", "--rdzv-id", name,
-               "--max-restarts", str(max_restarts)]
-    if gpus:
-        command += ["--backend", "nccl"]
-    if log_dir:  # every pod writes into one run folder there, so rank 0's summary sees all ranks
-        command += ["--log-dir", log_dir]
-    command.append(script)
-    return command + (["--", *args] if args else [])
+    from labutils.run.options import node_words  # the run layer, imported back only here
+
+    # $(VAR) is filled in by the operator from each pod's environment: its node rank and
+    # the Master pod's address. With a log folder every pod writes into one run folder
+    # there, so rank 0's summary sees all ranks.
+    return ["labutils", *node_words(
+        script=script, nproc=nproc, args=args, nnodes=nnodes, node_rank="$(RANK)",
+        rdzv_endpoint="$(MASTER_ADDR):$(MASTER_PORT)", rdzv_id=name, max_restarts=max_restarts,
+        backend="nccl" if gpus else "auto", log_dir=log_dir)]
 
 
 def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, plain_torchrun) -> dict:
@@ -244,7 +245,7 @@ def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, pl
     }
     env = []
     if gpus and plain_torchrun:  # labutils.dist.init() reads it: nccl, or a clear error without GPUs
-        env.append({"name": "LABUTILS_BACKEND", "value": "nccl"})
+        env.append({"name": runfiles.ENV_BACKEND, "value": "nccl"})
     if volume_claim and plain_torchrun:  # the pod's own name, for torchrun's --log-dir (downward API)
         env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     if env:

@@ -22,14 +22,14 @@ it sent on stdin; the kernel's own stdout and stderr go to this process's stderr
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
 import sys
 import time
 
-_PR_SET_DUMPABLE = 4
+from labutils.runtime.procs import make_undumpable
+
 KILL_FACTOR = 8
 
 
@@ -177,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nonce-stdin", action="store_true")
     ns = p.parse_args(argv)
     nonce = sys.stdin.readline().strip() if ns.nonce_stdin else ""
-    # Nothing started from here (the kernel, its runs) can read this process's memory
-    # or its file descriptors through /proc, so none of it can learn the nonce.
-    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    make_undumpable()  # nothing started from here (the kernel, its runs) learns the nonce
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the kernel inherits fd 1: make it stderr, never the result pipe
     outcome = execute(ns.notebook, ns.output, parameters=json.loads(ns.parameters),

@@ -10,7 +10,6 @@ is SIGKILL, repeated until nothing is left: a submission gets no grace period.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import time
@@ -18,16 +17,10 @@ from dataclasses import dataclass
 
 import psutil
 
-TAG_ENV = "LABUTILS_GRADE_TAG"
-_PR_SET_CHILD_SUBREAPER = 36
+from labutils.runtime import runfiles
 
+TAG_ENV = runfiles.ENV_GRADE_TAG
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants of this process its children (Linux >= 3.4)."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def tagged(tag: str) -> list[int]:

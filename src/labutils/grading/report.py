@@ -137,3 +137,31 @@ def write_submission(out_dir: Path, result: dict, executed_notebook: bytes | Non
         write_atomic(folder / "executed.ipynb", executed_notebook)
     write_atomic(folder / "feedback.html", feedback_page(result))
     write_atomic(folder / "results.json", json.dumps(gradescope_results(result), indent=2))
+
+
+def describe_outcome(outcome: dict, timeout: float) -> str:
+    """What happened to the notebook, in a sentence or two for the learner."""
+    status = outcome.get("status")
+    where = outcome.get("cell", "a cell")
+    took = f" in {outcome['duration_s']:.0f} s" if "duration_s" in outcome else ""
+    if status == "completed":
+        text = (f"The notebook ran to the end{took}. (Errors in cells tagged raises-exception "
+                "are part of the story and do not count.)")
+    elif status == "error":
+        text = (f"The notebook stopped at {where}: {outcome.get('ename')}: {outcome.get('evalue')}. "
+                "The cells after it did not run.")
+    elif status == "timeout":
+        text = (f"The notebook did not finish within {timeout:g} s (the limit is for the whole "
+                f"notebook); it was running {where}.")
+    elif status == "output_limit":
+        text = f"The notebook printed far more output than the grader keeps; it was stopped at {where}."
+    elif status == "kernel_died":
+        text = (f"The kernel died (it was killed, crashed or ran out of memory) while running "
+                f"{where}.")
+    elif status in ("memory", "processes", "disk"):
+        text = f"The notebook was stopped: it {outcome.get('detail')}."
+    else:
+        text = f"The notebook could not be run: {outcome.get('detail') or outcome.get('evalue') or status}."
+    if outcome.get("output_bytes_dropped"):
+        text += f" {outcome['output_bytes_dropped']} bytes of output were not kept."
+    return text

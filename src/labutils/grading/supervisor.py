@@ -37,6 +37,9 @@ import nbformat
 from labutils.grading import procs
 from labutils.grading.checks import CheckResult
 from labutils.grading.notebook import read_notebook, restore_locked_cells
+from labutils.grading.report import describe_outcome
+from labutils.runtime import runfiles
+from labutils.runtime.procs import become_subreaper, die_with_parent, make_undumpable
 
 SKIP_DIRS = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
 GRADER_FILES = {"checks.py", "lab.json"}  # the lab's, never copied into the learner's folder
@@ -172,7 +175,7 @@ class Supervisor:
             "JUPYTER_DATA_DIR": str(home / "jupyter-data"),
             "IPYTHONDIR": str(home / "ipython"), "MPLCONFIGDIR": str(home / "matplotlib"),
             "XDG_CACHE_HOME": str(home / "cache"), "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONNOUSERSITE": "1", "LABUTILS_DISPLAY": "text",
+            "PYTHONNOUSERSITE": "1", runfiles.ENV_DISPLAY: "text",
             "JUPYTER_PLATFORM_DIRS": "1", procs.TAG_ENV: self.job["tag"],
         })
         return env
@@ -317,7 +320,7 @@ class Supervisor:
 
     def grade(self) -> dict:
         t0 = time.monotonic()
-        procs.become_subreaper()
+        become_subreaper()
         self.enforced: dict = {}
         notebook, problem = self.prepare()
         nb_test, outcome = self.notebook_test(notebook, problem)
@@ -365,44 +368,10 @@ def _read_messages(stream, nonce: str, out: list) -> None:
             buffer = b""  # no result line is this long: it is someone else's flood
 
 
-def describe_outcome(outcome: dict, timeout: float) -> str:
-    """What happened to the notebook, in a sentence or two for the learner."""
-    status = outcome.get("status")
-    where = outcome.get("cell", "a cell")
-    took = f" in {outcome['duration_s']:.0f} s" if "duration_s" in outcome else ""
-    if status == "completed":
-        text = (f"The notebook ran to the end{took}. (Errors in cells tagged raises-exception "
-                "are part of the story and do not count.)")
-    elif status == "error":
-        text = (f"The notebook stopped at {where}: {outcome.get('ename')}: {outcome.get('evalue')}. "
-                "The cells after it did not run.")
-    elif status == "timeout":
-        text = (f"The notebook did not finish within {timeout:g} s (the limit is for the whole "
-                f"notebook); it was running {where}.")
-    elif status == "output_limit":
-        text = f"The notebook printed far more output than the grader keeps; it was stopped at {where}."
-    elif status == "kernel_died":
-        text = (f"The kernel died (it was killed, crashed or ran out of memory) while running "
-                f"{where}.")
-    elif status in ("memory", "processes", "disk"):
-        text = f"The notebook was stopped: it {outcome.get('detail')}."
-    else:
-        text = f"The notebook could not be run: {outcome.get('detail') or outcome.get('evalue') or status}."
-    if outcome.get("output_bytes_dropped"):
-        text += f" {outcome['output_bytes_dropped']} bytes of output were not kept."
-    return text
-
-
 def main() -> int:
     job = json.loads(sys.stdin.read())
-    from labutils.runtime.procs import die_with_parent
-
     die_with_parent()
-    # Non-dumpable: processes of the submission cannot read this one's memory or open
-    # its file descriptors through /proc, so the nonce and the result pipe stay ours.
-    import ctypes
-
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    make_undumpable()  # the nonce and the result pipe stay ours
     result = Supervisor(job).grade()
     sys.stdout.write(job["nonce"] + json.dumps(result) + "\n")
     sys.stdout.flush()

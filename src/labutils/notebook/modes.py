@@ -12,6 +12,7 @@ import os
 
 from labutils.errors import LaunchConfigError
 from labutils.notebook.display import Display, TextDisplay
+from labutils.runtime import runfiles
 
 DISPLAY_MODES = ("auto", "widgets", "text", "terminal", "none")
 
@@ -35,7 +36,7 @@ def choose_mode(mode: str = "auto") -> str:
     Args:
         mode: one of DISPLAY_MODES; any mode but "auto" is returned as it is.
     """
-    mode = os.environ.get("LABUTILS_DISPLAY", mode) if mode == "auto" else mode
+    mode = os.environ.get(runfiles.ENV_DISPLAY, mode) if mode == "auto" else mode
     if mode != "auto":
         return mode
     if _in_kernel():

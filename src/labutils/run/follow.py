@@ -138,7 +138,7 @@ class Run:
         env.update(spec.env)
         env[runfiles.ENV_RUN_DIR] = str(self.run_dir)
         env[runfiles.ENV_PARENT_PID] = str(os.getpid())
-        env["LABUTILS_BACKEND"] = spec.backend
+        env[runfiles.ENV_BACKEND] = spec.backend
         # Re-initialising gloo through the agent's shared store after a restart fails
         # intermittently; a store per round does not (docs/architecture.md, restarts).
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

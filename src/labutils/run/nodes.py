@@ -23,7 +23,7 @@ from labutils.runtime import runfiles
 
 LEASE_RENEW_S = 1.0
 LEASE_STALE_S = 30.0
-ENV_LEASE_STALE_S = "LABUTILS_LEASE_STALE_S"  # overrides LEASE_STALE_S on the nodes
+ENV_LEASE_STALE_S = runfiles.ENV_LEASE_STALE_S  # overrides LEASE_STALE_S on the nodes
 
 
 def node_token(*, multinode: bool, node_rank: int | None) -> str:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 # How a run owns every process it starts (RunResult.ownership): "subreaper" where the
 # kernel lets the agent's keeper adopt whatever its descendants orphan (Linux >= 3.4),
@@ -32,6 +33,12 @@ def _prctl(option: int, value: int) -> bool:
         return libc.prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def make_undumpable() -> None:
+    """Processes of the same user can no longer read this one's memory or open its file
+    descriptors through /proc (PR_SET_DUMPABLE 0): what the grader keeps secret stays so."""
+    _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def become_subreaper() -> bool:

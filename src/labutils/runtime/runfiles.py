@@ -31,12 +31,12 @@ import os
 import re
 from pathlib import Path
 
-# Environment variables the launcher sets for the agent and therefore for every rank.
+# Every LABUTILS_* environment variable, here and nowhere else.
+# Set by the launcher for the agent, and so for every rank:
 ENV_RUN_DIR = "LABUTILS_RUN_DIR"
-ENV_SCRIPT = "LABUTILS_SCRIPT"
-ENV_AGENT_PID = "LABUTILS_AGENT_PID"
-ENV_PARENT_PID = "LABUTILS_PARENT_PID"
-ENV_RANK_OFFSET = "LABUTILS_RANK_OFFSET"
+ENV_AGENT_PID = "LABUTILS_AGENT_PID"  # the torchrun agent (set by the keeper's child)
+ENV_PARENT_PID = "LABUTILS_PARENT_PID"  # the launcher that started the keeper
+ENV_BACKEND = "LABUTILS_BACKEND"  # launch(backend=...): labutils.dist.init() reads it
 ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
 # Which launcher (host and pid) started this rank: in a multi-node job several launchers,
 # one per machine, share a run folder and each one signals only its own ranks.
@@ -52,6 +52,12 @@ ENV_FAULT = "LABUTILS_FAULT"
 # The network interface of this host's link on a virtual cluster (labutils.cluster),
 # set for every node it launches: labutils.dist.link_bytes() reads its counters.
 ENV_LINK = "LABUTILS_LINK"
+# Read by the launcher and the display:
+ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"  # where run folders go when launch() gets no log_dir
+ENV_DISPLAY = "LABUTILS_DISPLAY"  # what display="auto" means ("text" under the grader)
+ENV_LEASE_STALE_S = "LABUTILS_LEASE_STALE_S"  # a SLURM job's nodes: when a lease is stale
+# Set by the grader on every process of one submission, to find them all:
+ENV_GRADE_TAG = "LABUTILS_GRADE_TAG"
 
 STREAMS = ("stdout", "stderr")
 
