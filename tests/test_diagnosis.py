@@ -29,7 +29,7 @@ def test_root_cause_is_the_earliest_non_victim_exception():
     failure = find_failure(exceptions, {0: -15, 1: 1, 2: 1, 3: 1}, [0, 1, 2, 3])
     assert (failure.rank, failure.exc_type, failure.line) == (2, "ValueError", 8)
     assert failure.victims == [0, 1, 3]
-    rank, exc_type, message, file, line, tb = failure  # the DESIGN.md tuple
+    rank, exc_type, message, file, line, tb = failure  # the contract's tuple (docs/architecture.md)
     assert (rank, file) == (2, "train.py")
 
 

@@ -21,7 +21,7 @@ from labutils.run.attempts import RankState
 from labutils.run.nodes import LEASE_RENEW_S
 from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.runtime import runfiles
-from labutils.runtime.procs import descendants, pid_alive, signal_all, stop_processes
+from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
 
 # How long a stopped agent's keeper may take to end its tree (its own limits add up to
 # about 8 s: ranks 2 s, what is left 1 s, SIGKILL until gone) before it is killed.
@@ -102,7 +102,7 @@ class LocalAgents:
             try:
                 keeper.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                stop_processes([keeper.pid, *descendants(keeper.pid)], grace_s=0.5)
+                stop_processes([keeper.pid, *tree(keeper.pid)], grace_s=0.5)
         stop_processes([p for p in ranks if pid_alive(p)], grace_s=0.5)  # an agent already gone
         for agent in self.agents:
             if agent.proc is not None and agent.proc.poll() is None:
@@ -115,7 +115,7 @@ class LocalAgents:
         agent = self.agents[index]
         pids = list(rank_pids)
         if agent.alive():
-            pids = [agent.proc.pid, *descendants(agent.proc.pid), *pids]
+            pids = [agent.proc.pid, *tree(agent.proc.pid), *pids]
         signal_all(pids, signal.SIGKILL)
         agent.stopped_by_fault = fault
 

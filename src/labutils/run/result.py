@@ -13,7 +13,7 @@ from labutils.run.diagnosis import Failure, Hang, signal_name
 
 STATES = ("starting", "running", "done", "failed", "hung", "killed")
 
-# Exit statuses of `labutils launch` (DESIGN.md).
+# Exit statuses of `labutils launch` (docs/architecture.md, "Contracts").
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HANG, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 

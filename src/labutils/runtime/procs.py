@@ -110,14 +110,6 @@ def pid_alive(pid: int) -> bool:
             return False
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (children first level first), via psutil."""
-    try:
-        import psutil
-
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # the process is gone or psutil cannot see it
-        return []
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:

@@ -1,0 +1,136 @@
+"""The package keeps the shape docs/architecture.md describes.
+
+Static checks on src/labutils (no module is imported for them): module size, the
+import graph, private names, old module paths, and where code comments point.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from labutils import compat
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "labutils"
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file of every module in the package."""
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The labutils modules a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("labutils")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labutils"):
+            for alias in node.names:  # `from labutils.run import follow` imports a module
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return {compat.MOVED.get(name, name) for name in found} - {"labutils"}
+
+
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by concern: {long}"
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {name: imports_of(path) & set(MODULES) for name, path in MODULES.items()}
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_the_runtime_needs_only_the_standard_library():
+    """What runs in the keeper and in every rank before the script: nothing heavy."""
+    for name, path in MODULES.items():
+        if name.startswith("labutils.runtime"):
+            outside = {m for m in imports_of(path) if not m.startswith("labutils.runtime")}
+            assert not outside, f"{name} imports {outside}"
+            third_party = {a.name.split(".")[0] for n in ast.walk(ast.parse(path.read_text()))
+                           if isinstance(n, (ast.Import,)) for a in n.names} & {"torch", "psutil"}
+            assert not third_party, f"{name} imports {third_party}"
+
+
+def test_no_private_name_is_used_outside_its_module():
+    pattern = re.compile(r"^\s*from (labutils[\w.]*) import (.*)$", re.M)
+    offenders = []
+    for path in [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        for module, names in pattern.findall(path.read_text()):
+            private = [n.strip() for n in names.strip("() \\").split(",")
+                       if n.strip().startswith("_") and not n.strip().startswith("__")]
+            if private:
+                offenders.append(f"{path.relative_to(ROOT)}: {module} {private}")
+    assert not offenders, offenders
+
+
+def test_the_code_uses_the_new_module_paths():
+    """Old paths are for learners' notebooks and scripts (compat.MOVED), not for us."""
+    old = re.compile(r"\b(" + "|".join(re.escape(m) for m in compat.MOVED) + r")\b(?!\.)")
+    offenders = []
+    for path in [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        if path.name in ("compat.py", "test_architecture.py"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"^\s*(from|import) ", line) and old.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("old", sorted(compat.MOVED))
+def test_every_old_module_path_is_the_moved_module(old):
+    assert importlib.import_module(old) is importlib.import_module(compat.MOVED[old])
+
+
+def test_comments_cite_files_in_the_repository():
+    """Code points readers at docs/ in this repository, not at documents outside it."""
+    outside = re.compile(r"\b(DESIGN|CURRICULUM|STYLE)\.md\b")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+                 if p.name != "test_architecture.py"
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if outside.search(line)]
+    assert not offenders, offenders
+    cited = {m for p in SRC.rglob("*.py") for m in re.findall(r"docs/[\w./-]+\.md", p.read_text())}
+    missing = sorted(m for m in cited if not (ROOT / m).is_file())
+    assert not missing, f"cited but not in the repository: {missing}"
