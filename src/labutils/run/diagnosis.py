@@ -91,6 +91,13 @@ def _short(path: str | None) -> str:
     return relative_path(path) if path else "?"
 
 
+def _raised(rank: int, ev: dict, exit_code: int | None) -> Failure:
+    """The failure an exception event describes."""
+    return Failure(rank=rank, exc_type=ev.get("exc_type", "?"), message=ev.get("message", ""),
+                   file=ev.get("file"), line=ev.get("line"), traceback=ev.get("traceback", ""),
+                   source=ev.get("source", ""), exit_code=exit_code)
+
+
 def find_failure(
     exceptions: dict[int, dict],
     exit_codes: dict[int, int | None],
@@ -125,11 +132,7 @@ def find_failure(
     exited = [r for r in failed_ranks if r not in exceptions and (exit_codes.get(r) or 0) > 0]
     if primary:
         rank, ev = primary[0]
-        root = Failure(
-            rank=rank, exc_type=ev.get("exc_type", "?"), message=ev.get("message", ""),
-            file=ev.get("file"), line=ev.get("line"), traceback=ev.get("traceback", ""),
-            source=ev.get("source", ""), exit_code=exit_codes.get(rank),
-        )
+        root = _raised(rank, ev, exit_codes.get(rank))
     elif crashed:
         rank = crashed[0]
         code = exit_codes[rank]
@@ -146,11 +149,7 @@ def find_failure(
         )
     elif candidates:
         rank, ev = candidates[0]
-        root = Failure(
-            rank=rank, exc_type=ev.get("exc_type", "?"), message=ev.get("message", ""),
-            file=ev.get("file"), line=ev.get("line"), traceback=ev.get("traceback", ""),
-            source=ev.get("source", ""), exit_code=exit_codes.get(rank),
-        )
+        root = _raised(rank, ev, exit_codes.get(rank))
     elif exited:
         rank = exited[0]
         root = Failure(
