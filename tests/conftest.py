@@ -24,24 +24,32 @@ SESSION_TOKEN = f"LABUTILS_TEST_SESSION={uuid.uuid4().hex}"
 os.environ["LABUTILS_TEST_SESSION"] = SESSION_TOKEN.split("=", 1)[1]
 
 
-def _ours(pid: str) -> bool:
+def _environ(pid: str) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return SESSION_TOKEN.encode() in f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
-        return False
+        return []
+
+
+def _ours(pid: str) -> bool:
+    return SESSION_TOKEN.encode() in _environ(pid)
 
 
 def distributed_pids() -> list[str]:
-    """Processes of ours that must not outlive a test: torchrun agents and ranks."""
+    """Processes of ours that must not outlive a test: torchrun agents, ranks, and
+    whatever a rank started (they all inherit the run folder's variable)."""
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     found = []
-    for line in out.splitlines():
-        if not ("labutils.runtime.agent" in line or "labutils.runtime.worker" in line
-                or "torch.distributed.run" in line) or "ps -eo" in line:
-            continue
+    for line in out.splitlines()[1:]:
         pid, stat = line.split()[:2]
-        if not stat.startswith("Z") and _ours(pid):
+        if stat.startswith("Z") or "ps -eo" in line:
+            continue
+        named = ("labutils.runtime.agent" in line or "labutils.runtime.worker" in line
+                 or "torch.distributed.run" in line)
+        environ = _environ(pid)
+        in_a_run = any(v.startswith(b"LABUTILS_RUN_DIR=") for v in environ)
+        if (named or in_a_run) and SESSION_TOKEN.encode() in environ:
             found.append(line.strip())
     return found
 
