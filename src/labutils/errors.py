@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def whole_number(value: object) -> bool:
+    """Whether value is an int that is not a bool (True is an int to Python, not a count).
+
+    Args:
+        value: what a caller passed where a count, rank or step is expected.
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class LabutilsError(Exception):
     """Base class of every error labutils raises on purpose."""
 

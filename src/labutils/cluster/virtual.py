@@ -244,8 +244,9 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
                       endpoint: str, rdzv_id: str, log_dir: Path, args: Sequence,
                       launch_kwargs: dict) -> list[str]:
     """The `labutils launch` command that node `host` (1..hosts-1) of a job on a virtual
-    cluster runs on its host: the same nproc, args, backend, hang_timeout, timeout and
-    max_restarts as node 0, the rendezvous at node 0, the shared run folder.
+    cluster runs on its host: node 0's nproc, args and other launch() options, the
+    rendezvous at node 0, the shared run folder (words from the one table of launch
+    options, labutils.run.options).
 
     Args:
         script: the training script.
@@ -256,18 +257,14 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
         rdzv_id: the job's rendezvous id.
         log_dir: the runs folder every node writes into.
         args: the script's own arguments.
-        launch_kwargs: node 0's other launch() options; the four above are passed on.
+        launch_kwargs: node 0's other launch() options, passed on as they are.
     """
-    argv = [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(nproc),
-            "--nnodes", str(hosts), "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, "--log-dir", str(log_dir)]
-    for flag, key in (("--backend", "backend"), ("--hang-timeout", "hang_timeout"),
-                      ("--timeout", "timeout"), ("--max-restarts", "max_restarts")):
-        if key in launch_kwargs:
-            value = launch_kwargs[key]
-            argv += [flag, "0" if value is None else str(value)]
-    tail = [str(Path(str(script)).resolve()), "--", *map(str, args)]
-    return [*argv, "--node-rank", str(host), *tail]
+    from labutils.run.options import node_words  # the run layer, imported back only here
+
+    return [sys.executable, "-m", "labutils.run.cli", *node_words(
+        script=str(Path(str(script)).resolve()), nproc=nproc, args=list(args), nnodes=hosts,
+        node_rank=host, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=str(log_dir),
+        **launch_kwargs)]
 
 
 def _end_nodes(nodes: list[tuple[subprocess.Popen, object]], node_timeout: float) -> None:

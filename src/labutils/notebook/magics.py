@@ -29,16 +29,24 @@ from pathlib import Path
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
-from labutils.run.spec import BACKENDS, runs_root
-from labutils.runtime import runfiles
-from labutils.notebook.modes import DISPLAY_MODES
 from labutils.errors import LaunchConfigError
+from labutils.notebook.modes import DISPLAY_MODES
 from labutils.run.launcher import last_result, launch
+from labutils.run.options import add_launch_arguments, launch_kwargs, split_script_args
 from labutils.run.result import RunResult
+from labutils.run.spec import runs_root
+from labutils.runtime import runfiles
 
 DEFAULT_OUT = "_torchrun"
+
+
+class _launch_options(ArgDecorator):
+    """The launch options %%torchrun offers, from the one table (labutils.run.options)."""
+
+    def add_to_parser(self, parser, group) -> None:
+        add_launch_arguments(parser, magic=True)
 
 
 @magics_class
@@ -46,17 +54,11 @@ class TorchrunMagics(Magics):
     """The %%torchrun cell magic."""
 
     @magic_arguments()
-    @argument("-n", "--nproc", type=int, default=2, help="ranks on this machine (default 2)")
-    @argument("--hang-timeout", type=float, default=30.0,
-              help="seconds without progress before a hang is reported (0: never; default 30)")
-    @argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
-    @argument("--max-restarts", type=int, default=0, help="torchrun restarts after a failure")
-    @argument("--backend", default="auto", choices=BACKENDS, help="default auto")
+    @_launch_options()
     @argument("--out", default=DEFAULT_OUT,
               help=f"variable that receives the RunResult (default {DEFAULT_OUT})")
     @argument("--display", default="auto", choices=DISPLAY_MODES,
               help="live panes, [rank N] text, or nothing (default auto)")
-    @argument("--log-dir", default=None, help="where run folders go (default ./runs)")
     @cell_magic
     def torchrun(self, line: str, cell: str) -> None:
         """Run this cell as a script on N ranks with torchrun (labutils.launch).
@@ -75,9 +77,9 @@ def parse_line(line: str):
         tokens = shlex.split(line)
     except ValueError as exc:
         raise UsageError(f"%%torchrun: cannot split the options ({exc}): {line}") from None
-    cut = tokens.index("--") if "--" in tokens else len(tokens)
-    opts = TorchrunMagics.torchrun.parser.parse_args(tokens[:cut])
-    opts.args = tokens[cut + 1:]
+    tokens, script_args = split_script_args(tokens)
+    opts = TorchrunMagics.torchrun.parser.parse_args(tokens)
+    opts.args = script_args
     if not opts.out.isidentifier() or keyword.iskeyword(opts.out):
         raise UsageError(f"%%torchrun: --out expects a Python variable name, got {opts.out!r}")
     return opts
@@ -112,12 +114,8 @@ def run_cell(line: str, cell: str, *, namespace: dict) -> RunResult:
     path = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
     before = last_result()
     try:
-        result = launch(
-            script, opts.nproc, args=opts.args, backend=opts.backend,
-            hang_timeout=opts.hang_timeout or None, timeout=opts.timeout,
-            max_restarts=opts.max_restarts, log_dir=opts.log_dir, display=opts.display,
-            env={"PYTHONPATH": path},
-        )
+        result = launch(script, args=opts.args, display=opts.display, env={"PYTHONPATH": path},
+                        **launch_kwargs(opts))
     except LaunchConfigError as exc:
         raise UsageError(f"%%torchrun: {exc}") from None
     except KeyboardInterrupt:
