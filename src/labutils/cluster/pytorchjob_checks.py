@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 LAUNCHERS = ("torchrun", "labutils")
@@ -70,7 +70,7 @@ def check_counts(*, nnodes: int, nproc: int, gpus_per_node: int, max_restarts: i
     """
     for what, value, low in (("nnodes", nnodes, 1), ("nproc", nproc, 1),
                              ("gpus per node", gpus_per_node, 0), ("max restarts", max_restarts, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not whole_number(value) or value < low:
             raise InputError(what, expected=f"an integer >= {low}", given=value,
                              fix=f"pass {what} >= {low}")
     if 0 < gpus_per_node < nproc:
@@ -88,7 +88,7 @@ def check_elastic(elastic: tuple[int, int], *, nnodes: int, launcher: str) -> No
         launcher: "torchrun" or "labutils".
     """
     ok = (isinstance(elastic, tuple) and len(elastic) == 2
-          and all(isinstance(n, int) and not isinstance(n, bool) for n in elastic)
+          and all(whole_number(n) for n in elastic)
           and 1 <= elastic[0] <= nnodes <= elastic[1])
     if not ok:
         raise InputError("elastic", expected=f"(MIN, MAX) pods, 1 <= MIN <= nnodes ({nnodes}) <= MAX",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 
 _TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -107,7 +107,7 @@ def srun_command(node_command: Sequence[str | ShellRef], *, gpus_per_node: int |
 
 
 def _positive(name: str, value: object, flag: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not whole_number(value) or value < 1:
         raise InputError(name, expected="an integer >= 1", given=value, fix=f"pass e.g. {flag}=2")
     return value
 
@@ -182,7 +182,7 @@ def sbatch_script(
         raise InputError("time_limit", expected="MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
                          given=time_limit, fix="pass e.g. time_limit='00:30:00'")
     _one_line("output", output, "pass e.g. output='slurm-%j.out'")
-    if isinstance(rdzv_port, bool) or not isinstance(rdzv_port, int) or not 1 <= rdzv_port <= 65535:
+    if not whole_number(rdzv_port) or not 1 <= rdzv_port <= 65535:
         raise InputError("rdzv_port", expected="a TCP port 1..65535", given=rdzv_port,
                          fix="pass e.g. rdzv_port=29500")
     _one_line("python", python, "pass e.g. python='python'")

@@ -42,7 +42,7 @@ from labutils.cluster.netns import (
     in_namespace,
     link_counters,
 )
-from labutils.errors import LaunchConfigError
+from labutils.errors import LaunchConfigError, whole_number
 
 if TYPE_CHECKING:  # the run layer imports labutils.cluster.network; it is imported back only
     # inside launch(), so the packages' imports form no cycle
@@ -323,7 +323,7 @@ def virtual_cluster(hosts: int = 2, *, link: str | int | float | None = None) ->
         link: the rate of every host's link (tc units: "400mbit", "1gbit"), or None
             for links as fast as the machine can copy.
     """
-    if isinstance(hosts, bool) or not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
+    if not whole_number(hosts) or not 1 <= hosts <= MAX_HOSTS:
         raise LaunchConfigError("hosts", expected=f"an int from 1 to {MAX_HOSTS}",
                                 given=repr(hosts), fix="e.g. virtual_cluster(2, link=\"400mbit\")")
     if link is not None:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from labutils.errors import LabutilsError
+from labutils.errors import LabutilsError, whole_number
 from labutils.grading import procs, report
 
 LAB_CONFIG = "lab.json"
@@ -287,7 +287,7 @@ def grade(
         raise GradingError(f"submission not found: {', '.join(missing)}")
     if not paths:
         raise GradingError("no submission given")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if not whole_number(jobs) or jobs < 1:
         raise GradingError(f"jobs: expected a whole number >= 1, got {jobs!r}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from collections import deque
 
 import ipywidgets as widgets
 
+from labutils.errors import whole_number
 from labutils.run.result import state_badge
 from labutils.runtime import runfiles
 
@@ -95,7 +96,7 @@ def elapsed(seconds: float) -> str:
 
 
 def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return whole_number(value) and value >= 0
 
 
 class Progress:
