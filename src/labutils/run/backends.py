@@ -19,6 +19,7 @@ from pathlib import Path
 
 from labutils.run.attempts import RankState
 from labutils.run.nodes import LEASE_RENEW_S
+from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
@@ -147,20 +148,16 @@ class SlurmJob:
         self._lease_at = 0.0
 
     def node_command(self, node) -> list[str]:
+        """One node's `labutils launch` (node's fields are the batch script's shell values)."""
         spec = self.spec
-        words = [node.python, "-m", "labutils.run.cli", "launch", "-n", str(spec.nproc),
-                 "--nnodes", node.nnodes, "--node-rank", node.node_rank,
-                 "--rdzv-endpoint", node.rdzv_endpoint, "--rdzv-id", self.run_dir.name,
-                 "--log-dir", str(self.run_dir.parent), "--backend", spec.backend,
-                 # This launcher reads the stacks of a hung job; the nodes only stop
-                 # when it says so (stop.json) or at the timeout.
-                 "--hang-timeout", "0", "--max-restarts", str(spec.max_restarts)]
-        if spec.timeout is not None:
-            words += ["--timeout", f"{spec.timeout:g}"]
-        fault = spec.fault
-        if fault is not None:
-            words += ["--kill-rank", str(fault["rank"]), "--kill-at-step", str(fault["step"])]
-        return [*words, node.script, "--", *node.args]
+        # This launcher reads the stacks of a hung job (hang_timeout None on the nodes);
+        # the nodes only stop when it says so (stop.json) or at the timeout.
+        return [node.python, "-m", "labutils.run.cli", *node_words(
+            script=node.script, nproc=spec.nproc, nnodes=node.nnodes, node_rank=node.node_rank,
+            rdzv_endpoint=node.rdzv_endpoint, rdzv_id=self.run_dir.name,
+            log_dir=str(self.run_dir.parent), backend=spec.backend, hang_timeout=None,
+            max_restarts=spec.max_restarts, timeout=spec.timeout, fault=spec.fault,
+            args=node.args)]
 
     def batch_script(self) -> str:
         from labutils.cluster.slurm import sbatch_script

@@ -83,7 +83,7 @@ def launch(
             Ranks are numbered across agents (agent order is the rendezvous's).
         rdzv_conf: rendezvous settings passed as torchrun --rdzv-conf, over the
             short defaults launch() uses when there are several agents
-            (config.ELASTIC_RDZV_CONF), e.g. {"last_call_timeout": 5}.
+            (labutils.run.spec.ELASTIC_RDZV_CONF), e.g. {"last_call_timeout": 5}.
         node_rank, rdzv_endpoint, rdzv_id: make this launch() one node of a job
             across machines, one launch() (or `labutils launch`) per machine, each
             with the same nnodes, nproc, rdzv_endpoint "HOST:PORT" (node 0's
