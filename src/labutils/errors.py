@@ -12,6 +12,15 @@ def whole_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def real_number(value: object) -> bool:
+    """Whether value is an int or a float, not a bool and not NaN (seconds, points, rates).
+
+    Args:
+        value: what a caller passed where a quantity is expected.
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 class LabutilsError(Exception):
     """Base class of every error labutils raises on purpose."""
 

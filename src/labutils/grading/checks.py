@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from labutils.errors import real_number
+
 _FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ', re.M)
 _TRACEBACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+)', re.M)
 DEFAULT_HANG_TIMEOUT = 10.0
@@ -53,7 +55,7 @@ def check(name: str, *, points: float) -> Callable:
         name: one line saying what is being checked (shown in the feedback).
         points: the check's maximum score (> 0).
     """
-    if not isinstance(points, (int, float)) or isinstance(points, bool) or points <= 0:
+    if not real_number(points) or points <= 0:
         raise ValueError(f"check {name!r}: points must be a number > 0, got {points!r}")
 
     def mark(fn: Callable) -> Callable:

@@ -27,7 +27,7 @@ from collections import deque
 import ipywidgets as widgets
 from IPython.display import display
 
-from labutils.errors import LaunchConfigError
+from labutils.errors import LaunchConfigError, real_number
 from labutils.notebook.display import Display
 # LineWindow, Progress and the constants were defined here before panes.py; the old
 # path labutils.widgets still names them.
@@ -55,7 +55,7 @@ class WidgetDisplay(Display):
         super().__init__()
         for name, value, minimum in (("lines", lines, 1), ("combined_lines", combined_lines, 1),
                                      ("updates_per_s", updates_per_s, 0.1)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            if not real_number(value) or value < minimum:
                 raise LaunchConfigError(name, expected=f"a number >= {minimum}", given=value,
                                         fix="the defaults (40, 200, 4.0) suit most runs")
         self.keep = lines

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labutils.errors import LaunchConfigError, whole_number
+from labutils.errors import LaunchConfigError, real_number, whole_number
 from labutils.run.checks import (
     MAX_LOCAL_AGENTS,
     MAX_NODES,
@@ -118,8 +118,7 @@ class LaunchSpec:
 def _number(name: str, value, *, allow_none: bool, minimum: float, fix: str) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum \
-            or value != value:
+    if not real_number(value) or value < minimum:
         expected = f"a number >= {minimum}" + (" or None" if allow_none else "")
         raise LaunchConfigError(name, expected=expected, given=value, fix=fix)
     return float(value)
