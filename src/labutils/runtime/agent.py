@@ -37,9 +37,9 @@ AGENT_GRACE_S = 2.0    # after a stop: how long the agent may wind its ranks dow
 TREE_GRACE_S = 1.0     # then: how long what is left may take after SIGTERM
 
 
-def run_agent(argv: list[str]) -> None:
+def run_agent(argv: list[str], keeper: int) -> None:
     """The keeper's child: torchrun's agent in this (forked) interpreter."""
-    die_with_parent()
+    die_with_parent(keeper)
     os.environ[ENV_AGENT_PID] = str(os.getpid())
     sys.argv = ["torchrun", *argv]
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(137)  # the launcher that started this is already gone
     become_subreaper()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    keeper = os.getpid()
     agent = os.fork()
     if agent == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        run_agent(argv)
+        run_agent(argv, keeper)
     status, stop = None, None
     while status is None:
         info = signal.sigtimedwait(WATCHED, PARENT_CHECK_S)
