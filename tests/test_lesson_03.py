@@ -5,17 +5,16 @@ hand-made records; the notebook itself runs the scripts (nbval)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-LESSON = Path(__file__).resolve().parents[1] / "lessons" / "03_bucketing_and_overlap"
-sys.path.insert(0, str(LESSON))
-import lesson03 as L  # noqa: E402
+from labutils.course import lesson
+from labutils.course.timing import AlphaBeta
 
-from labutils.course.timing import AlphaBeta  # noqa: E402
+LESSON = Path(__file__).resolve().parents[1] / "lessons" / "03_bucketing_and_overlap"
+L = lesson.load(LESSON, "lesson03")
 
 MiB = 2**20
 
@@ -97,7 +96,7 @@ def test_series_for_the_plot():
      (["fc1.weight"], "fc1.weight")],
 )
 def test_members_names_partial_layers(params, text):
-    assert L._members(params) == text
+    assert L.members(params) == text
 
 
 def buckets_record(cap: str, rebuilt: list[list[str]]) -> dict:

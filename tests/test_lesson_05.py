@@ -8,7 +8,6 @@ the uninterrupted run ends.
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from labutils import launch
+from labutils.course.lesson import load
 
 LESSON = Path(__file__).resolve().parent.parent / "lessons" / "05_elastic_training"
 TRAIN = LESSON / "train_resumable.py"
@@ -23,14 +23,8 @@ LIMITS = {"hang_timeout": 90, "timeout": 600, "display": "none"}
 
 
 @pytest.fixture
-def lesson(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSON))
-    for name in ("checkpoint", "parts", "lesson05"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    import checkpoint
-    import parts
-
-    return checkpoint, parts
+def lesson():
+    return load(LESSON, "checkpoint"), load(LESSON, "parts")
 
 
 def final_hashes(result) -> set[str]:

@@ -5,23 +5,19 @@ byte and interface checks, and the other in-process helpers."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from labutils import launch
+from labutils.course import lesson
 
 LESSON = Path(__file__).resolve().parent.parent / "lessons" / "06_production_patterns"
 
 
 @pytest.fixture
-def lesson06(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSON))
-    monkeypatch.delitem(sys.modules, "lesson06", raising=False)
-    import lesson06
-
-    return lesson06
+def lesson06():
+    return lesson.load(LESSON, "lesson06")
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -4,32 +4,25 @@ one real torchrun run of the hand-written tensor-parallel MLP against the unspli
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from labutils import launch
+from labutils.course import lesson
 
 LESSON = Path(__file__).resolve().parent.parent / "lessons" / "07_beyond_ddp"
 
 
 @pytest.fixture
-def lesson07(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSON))
-    for name in ("lesson07", "probes", "models"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    import lesson07
-
-    return lesson07
+def lesson07():
+    return lesson.load(LESSON, "lesson07")
 
 
 @pytest.fixture
 def probes(lesson07):
-    import probes
-
-    return probes
+    return lesson.load(LESSON, "probes")
 
 
 # ------------------------------------------------------------------ probes.py
@@ -41,8 +34,7 @@ def test_storage_bytes_counts_each_storage_once(probes):
 
 
 def test_saved_activations_of_a_block_are_16_values_per_token_and_width(probes):
-    import models
-
+    models = lesson.load(LESSON, "models")
     cfg = models.Config(vocab=64, width=32, heads=2, blocks=2, seq_len=16)
     torch.manual_seed(0)
     model = models.TinyTransformer(cfg)

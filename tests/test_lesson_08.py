@@ -4,24 +4,19 @@ and the notebook's pure helpers."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from labutils import launch
+from labutils.course import lesson
 
 LESSON = Path(__file__).resolve().parent.parent / "lessons" / "08_async_data_parallel"
 
 
 @pytest.fixture
-def lesson08(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSON))
-    for name in ("lesson08", "task"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    import lesson08
-
-    return lesson08
+def lesson08():
+    return lesson.load(LESSON, "lesson08")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ the exercise solutions, a DataParallel step on an uneven batch).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from torch import nn
 
 from labutils import launch
+from labutils.course import lesson
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,20 +25,11 @@ SOLUTIONS = REPO / "solutions" / "lessons"
 
 
 @pytest.fixture
-def lesson_modules(monkeypatch):
-    """Import lesson helper modules by their short names (model, ring, ...) for one test.
-
-    Other folders may have modules with the same names (a lab's ring.py): cached
-    ones are set aside for the test and restored afterwards.
-    """
+def lesson_modules():
+    """Import lesson helper modules (model, ring, ...) under names of their lesson's own
+    (labutils.course.lesson), so a lab's ring.py cannot stand in for them."""
     def use(folder: Path, *names: str):
-        monkeypatch.syspath_prepend(str(folder))
-        for name in ("model", "data_parallel", "lesson01", "lesson02", "ring", *names):
-            if name in sys.modules:
-                monkeypatch.delitem(sys.modules, name)
-        import importlib
-
-        return [importlib.import_module(n) for n in names]
+        return [lesson.load(folder, name) for name in names]
     return use
 
 

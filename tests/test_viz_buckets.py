@@ -1,10 +1,12 @@
-"""labutils.course.ddp_probes and the lesson-03 plots of labutils.course.viz: DDP's bucket rule, the
-logging-data parsers, overlap arithmetic, trace reading, the plots, and one real
-torchrun run that checks the bucket reading against DDP's own logging data."""
+"""labutils.course.ddp_probes and spans, and lesson 03's plots (lessons/03_bucketing_and_overlap/
+plots.py): DDP's bucket rule, the logging-data parsers, overlap arithmetic, trace reading,
+the plots, and one real torchrun run that checks the bucket reading against DDP's own
+logging data."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib
 
@@ -14,12 +16,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from labutils import launch  # noqa: E402
-from labutils.course.ddp_probes import (  # noqa: E402
-    BackwardTimer, busy_seconds, overlap_seconds, parse_index_lists, parse_sizes, predict_buckets,
-    trace_spans,
-)
+from labutils.course import lesson  # noqa: E402
+from labutils.course.ddp_probes import BackwardTimer, parse_index_lists, parse_sizes, predict_buckets  # noqa: E402
+from labutils.course.spans import busy_seconds, overlap_seconds, trace_spans  # noqa: E402
 from labutils.errors import InputError  # noqa: E402
-from labutils.course.viz import plot_bucket_sizes, plot_bucket_sweep, plot_overlap_timeline  # noqa: E402
+
+PLOTS = lesson.load(Path(__file__).resolve().parents[1] / "lessons" / "03_bucketing_and_overlap", "plots")
+plot_bucket_sizes, plot_bucket_sweep, plot_overlap_timeline = (
+    PLOTS.plot_bucket_sizes, PLOTS.plot_bucket_sweep, PLOTS.plot_overlap_timeline)
 
 MiB = 2**20
 

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))  # models.py sits next to this file
 from models import batch, make_mlp  # noqa: E402
 
-from labutils.course.ddp_probes import count_all_reduces  # noqa: E402
+from labutils.course.collective_log import count_all_reduces  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
 
 parser = argparse.ArgumentParser()

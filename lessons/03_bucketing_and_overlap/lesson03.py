@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from labutils.course import selfcheck
-from labutils.runtime import runfiles
-from labutils.course.ddp_probes import busy_seconds, overlap_seconds, predict_buckets, trace_spans
+from labutils.course.ddp_probes import predict_buckets
+from labutils.course.spans import busy_seconds, overlap_seconds, trace_spans
 from labutils.course.tables import text_table
 from labutils.course.timing import AlphaBeta, fit_alpha_beta, format_bytes
+
+from powersgd_race import first_difference, issue_orders, race_report  # noqa: F401  (the notebook's L.race_report)
 
 MiB = 2**20
 FIRST_BUCKET_BYTES = 2**20  # DDP's small first bucket, used only when bucket_cap_mb is unset
@@ -25,9 +26,14 @@ def _part(records: Iterable[dict], part: str) -> list[dict]:
     return [r for r in records if r.get("part") == part]
 
 
-def _members(params: list[str]) -> str:
-    """["fc5.bias", "fc5.weight", "fc4.bias", "fc4.weight"] -> "fc5, fc4" (layers, in order);
-    a layer with only some of its tensors in the list is named with them ("fc1.bias")."""
+def members(params: list[str]) -> str:
+    """The layers of a bucket's parameter names, in order: ["fc5.bias", "fc5.weight",
+    "fc4.bias", "fc4.weight"] -> "fc5, fc4"; a layer with only some of its tensors in the
+    list is named with them ("fc1.bias").
+
+    Args:
+        params: parameter names, as BucketRecorder and reducer_buckets give them.
+    """
     layers: dict[str, list[str]] = {}
     for name in params:
         layer, _, tensor = name.rpartition(".")
@@ -58,7 +64,7 @@ def bucket_table(records: Iterable[dict]) -> str:
         for call in rec["calls"]:
             if call["iteration"] < 2:
                 rows.append([cap_label(rec["cap"]), call["iteration"], call["index"],
-                             f"{call['nbytes'] / MiB:.1f}", _members(call["params"])])
+                             f"{call['nbytes'] / MiB:.1f}", members(call["params"])])
     table = text_table(["bucket_cap_mb", "iteration", "bucket", "size (MiB)", "layers (in bucket order)"],
                        rows, right=[1, 2, 3])
     return f"{table}\niteration 2 has the same buckets as iteration 1 under every setting: {same}"
@@ -85,13 +91,13 @@ def bucket_predictions(records: Iterable[dict]) -> str:
         if last:
             predicted = predicted[::-1]
         verdict = "matches DDP" if predicted == log["rebuilt_params"] else "DIFFERS from DDP"
-        lines.append(f"cap {cap_label(rec['cap']):>22}: predicted {' | '.join(_members(b) for b in predicted)}"
+        lines.append(f"cap {cap_label(rec['cap']):>22}: predicted {' | '.join(members(b) for b in predicted)}"
                      f"  -> {verdict}")
     return "\n".join(lines)
 
 
 def bucket_sizes_for_plot(records: Iterable[dict]) -> tuple[dict, dict, dict]:
-    """(buckets, caps, labels) for viz.plot_bucket_sizes: first iteration and each cap."""
+    """(buckets, caps, labels) for plots.plot_bucket_sizes: first iteration and each cap."""
     recs = _part(records, "buckets")
     buckets, caps, labels = {}, {}, {}
     first = recs[0]["logging"]
@@ -101,7 +107,7 @@ def bucket_sizes_for_plot(records: Iterable[dict]) -> tuple[dict, dict, dict]:
         key = f"cap {cap_label(rec['cap'])}"
         buckets[key] = rec["logging"]["rebuilt_sizes"]
         caps[key] = rec["logging"]["bucket_cap_bytes"]
-        labels[key] = [_members(b) for b in rec["logging"]["rebuilt_params"]]
+        labels[key] = [members(b) for b in rec["logging"]["rebuilt_params"]]
     return buckets, caps, labels
 
 
@@ -117,7 +123,7 @@ def timeline_lanes(record: dict, *, iteration: int) -> dict:
     buckets = [b for b in record["buckets"] if b["iteration"] == iteration and b["end_s"] is not None]
     start, end = record["backward"][iteration - min(s["iteration"] for s in record["layers"])]
     compute = {f"backward {s['name']}": [(s["start_s"], s["end_s"])] for s in layers}
-    comm = {f"bucket {b['index']}: {format_bytes(b['nbytes'])} ({_members(b['params'])})":
+    comm = {f"bucket {b['index']}: {format_bytes(b['nbytes'])} ({members(b['params'])})":
             [(b["start_s"], b["end_s"])] for b in buckets}
     compute_end = max(s["end_s"] for s in layers)
     comm_spans = [span for spans in comm.values() for span in spans]
@@ -213,7 +219,7 @@ def sweep_bounds(records: Iterable[dict]) -> list[dict]:
 
 
 def sweep_series(records: Iterable[dict]) -> tuple[dict, dict, dict, dict]:
-    """(measured, perfect, none, compute_only) for viz.plot_bucket_sweep, caps in MiB."""
+    """(measured, perfect, none, compute_only) for plots.plot_bucket_sweep, caps in MiB."""
     measured, perfect, none, floor = {}, {}, {}, {}
     for row in sweep_bounds(records):
         for series, key in ((measured, "measured_s"), (perfect, "perfect_s"), (none, "none_s")):
@@ -306,71 +312,6 @@ def hooks_table(records: Iterable[dict]) -> str:
     return text_table(["hook", "cap (MiB)", "sent, step 1 (MiB)", "sent, last step (MiB)", "less",
                        "gradient error", "weights vs allreduce", "backward (ms)"], rows,
                       right=[1, 2, 3, 4, 5, 6, 7])
-
-
-_ISSUE_RE = re.compile(r"all_reduce of\s+(\d+) floats from thread (\S+)")
-
-
-def issue_orders(run) -> dict[int, list[tuple[int, str]]]:
-    """Per rank, the all-reduces it issued in order: (floats, thread), from its stdout."""
-    return {r.rank: [(int(n), t) for n, t in _ISSUE_RE.findall(r.stdout)] for r in run.ranks}
-
-
-_FRAME_RE = re.compile(r'File "[^"]*powerSGD_hook\.py", line (\d+) in (\w+)')
-
-
-def _powersgd_frames(stacks: Path) -> list[str]:
-    """Innermost powerSGD_hook.py frame of each thread in a rank's stack dump, as
-    "function (line N)"; a thread blocked in a callback waits there."""
-    try:
-        text = stacks.read_text(errors="replace")
-    except OSError:
-        return []
-    found = []
-    for thread in text.split("\n\n"):
-        m = _FRAME_RE.search(thread)
-        if m:
-            found.append(f"{m.group(2)} (line {m.group(1)})")
-    return found
-
-
-def race_report(run) -> str:
-    """What comm_hooks.py --powersgd-race did: each rank's all-reduces in issue order
-    (* = issued from a thread Python did not start, i.e. inside a future's callback on
-    one of gloo's worker threads), where the orders first differ, and how the run ended."""
-    orders = issue_orders(run)
-    lines = [f"rank {rank}: " + " ".join(f"{n}{'*' if t.startswith('Dummy') else ''}" for n, t in calls)
-             for rank, calls in orders.items()]
-    lines.append("(* = issued inside a callback, on one of gloo's threads)")
-    lines.append(first_difference(orders))
-    if run.hang:
-        where = sorted({c for c in run.hang.calls.values() if c})
-        lines.append(f"outcome: a hang; the ranks' main threads wait in {', '.join(where) or 'no call'}()")
-        for rank in sorted(orders):
-            blocked = _powersgd_frames(runfiles.stacks_path(run.log_dir, rank))
-            lines.append(f"  rank {rank}: {len(blocked)} thread(s) blocked inside PowerSGD's callbacks"
-                         + (f": {', '.join(blocked)}" if blocked else ""))
-    elif run.failure:
-        gloo = [ln.split("] ", 1)[-1].strip() for r in run.ranks for ln in r.stderr.splitlines()
-                if "doesn't match" in ln]
-        lines.append(f"outcome: rank {run.failure.rank} died ({run.failure.exc_type})")
-        if gloo:
-            lines.append(f"  gloo said: {gloo[0]}")
-    else:
-        lines.append(f"outcome: {run.reason}")
-    return "\n".join(lines)
-
-
-def first_difference(orders: dict[int, list[tuple[int, str]]]) -> str:
-    """Where the ranks' sequences of all-reduce sizes first differ, as text."""
-    seqs = {r: [n for n, _ in calls] for r, calls in orders.items()}
-    length = min(len(s) for s in seqs.values())
-    for i in range(length):
-        sizes = {r: s[i] for r, s in seqs.items()}
-        if len(set(sizes.values())) > 1:
-            detail = ", ".join(f"rank {r} sends {n} floats" for r, n in sizes.items())
-            return f"call {i + 1}: {detail}: a mismatch"
-    return f"the first {length} calls match in size on every rank"
 
 
 # ------------------------------------------------------------------ 8. self-check

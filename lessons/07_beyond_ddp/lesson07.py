@@ -1,6 +1,7 @@
 """Helpers for the lesson 07 notebook: tables and plots of the runs' records, the
 communication formulas of lesson 02 applied to the collectives the ranks logged, the
-pipeline bubble, the layout of combined parallelism, and the self-check.
+layout of combined parallelism, and the self-check; the FSDP2 wire readings (wire.py)
+and the pipeline bubble (bubbles.py) are imported here from their own modules.
 
 The rank scripts (replica_memory.py, zero_optimizer.py, fsdp_shard.py, fsdp_wire.py,
 tensor_parallel.py, pipeline.py) do not import this module; only the notebook does.
@@ -8,13 +9,20 @@ tensor_parallel.py, pipeline.py) do not import this module; only the notebook do
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from labutils.course import selfcheck
 from labutils.course.tables import text_table
 from labutils.course.timing import busbw_factor, format_bytes
+
+from bubbles import (  # noqa: F401  (the notebook's L.bubble_table, ...)
+    bubble_formulas, bubble_of_step, bubble_rows, bubble_table, gpipe_replay, pipeline_checks,
+    plot_bubble, plot_schedule,
+)
+from wire import (  # noqa: F401  (the notebook's L.wire_summary, ...)
+    job_bytes_line, wire_bytes_table, wire_calls_table, wire_summary, wire_time_table,
+)
 
 # --------------------------------------------------------------------------- generic
 
@@ -230,55 +238,7 @@ def plot_losses(series: dict[str, dict[int, list[float]]], *, title: str):
     return fig
 
 
-# --------------------------------------------------------------------------- 3. FSDP2 on a wire
-
-def wire_summary(records: Iterable[dict], *, sent_fraction: dict[str, float],
-                 link_bps: float | None) -> dict[str, dict]:
-    """fsdp_wire.py's records per way: medians over the timed steps of the step time (the
-    slower rank's), the bytes host 0's link sent, the time rank 0 spent inside each kind of
-    collective; the bytes lesson 02's formulas give (sent_fraction: the share of a call's
-    array a rank sends, per torch function; DDP all-reduces every gradient once); the
-    wire time of the bytes sent at link_bps (None without a measured link)."""
-    records = list(records)
-    p_bytes = next(r for r in records if r.get("part") == "wire model")["parameter_bytes"]
-    steps = [r for r in records if r.get("part") == "wire step"]
-    out: dict[str, dict] = {}
-    for way in dict.fromkeys(r["way"] for r in steps):
-        mine = [r for r in steps if r["way"] == way]
-        by_step: dict[int, float] = {}
-        for r in mine:
-            by_step[r["step"]] = max(by_step.get(r["step"], 0.0), r["step_s"])
-        rank0 = [r for r in mine if r["rank"] == 0]
-        calls = rank0[0]["calls"]
-        ops: dict[str, dict] = {}
-        for c in calls:
-            op = ops.setdefault(c["op"], {"calls": 0, "formula": 0.0})
-            op["calls"] += 1
-            op["formula"] += sent_fraction[c["op"]] * c["nbytes"]
-        for name, op in ops.items():
-            op["inside_s"] = statistics.median(sum(c["s"] for c in r["calls"] if c["op"] == name) for r in rank0)
-            op["wire_s"] = op["formula"] * 8 / link_bps if link_bps else None
-        if way == "DDP":  # its all-reduces run in C++, unseen by CollectiveLog: one per bucket
-            formula = sent_fraction["all_reduce"] * p_bytes
-        else:
-            formula = sum(op["formula"] for op in ops.values())
-        sent = None if rank0[0]["sent"] is None else statistics.median(r["sent"] for r in rank0)
-        out[way] = {"way": way, "step_s": statistics.median(by_step.values()), "formula": formula,
-                    "sent": sent, "wire_s": sent * 8 / link_bps if sent is not None and link_bps else None,
-                    "inside_s": sum(op["inside_s"] for op in ops.values()), "ops": ops, "P": p_bytes}
-    return out
-
-
-def job_bytes_line(before: dict, after: dict, records: Iterable[dict]) -> str:
-    """What host 0's link sent during the whole job (cluster.counters before and after)
-    against what rank 0 read for the training steps, warm-up included."""
-    if not before:
-        return "no link counters: the hosts share this machine's loopback"
-    steps = sum(r["sent"] for r in records if r.get("part") in ("wire step", "wire warm-up") and r["rank"] == 0)
-    job = after["tx_bytes"] - before["tx_bytes"]
-    return (f"host 0's link during the whole job (cluster.counters): {_mib(job)} MiB sent; "
-            f"during the training steps (read by rank 0): {_mib(steps)} MiB; the rest: {_mib(job - steps)} MiB")
-
+# --------------------------------------------------------------------------- 3. FSDP2 on a wire (readings in wire.py)
 
 def show_lines(path: str, start: str, stop: str) -> None:
     """Print the lines of a file from the first one that starts with `start` up to the
@@ -287,51 +247,6 @@ def show_lines(path: str, start: str, stop: str) -> None:
     first = next(i for i, line in enumerate(lines) if line.startswith(start))
     last = next(i for i in range(first + 1, len(lines)) if lines[i].startswith(stop))
     print("\n".join(lines[first:last]).rstrip())
-
-
-def _mib(nbytes: float | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**20:.2f}"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.0f}"
-
-
-def wire_bytes_table(summary: dict[str, dict]) -> str:
-    """Per way: its collectives per step, the bytes a rank sends by the formulas, the bytes
-    host 0's link sent (counters), and those in units of P."""
-    rows = []
-    for w in summary.values():
-        if w["way"] == "compute only":
-            continue
-        what = ", ".join(f"{op['calls']} x {name.replace('_single', '')}" for name, op in w["ops"].items())
-        rows.append([w["way"], what or "all_reduce per bucket (DDP's reducer)", _mib(w["formula"]),
-                     _mib(w["sent"]), "-" if w["sent"] is None else f"{w['sent'] / w['P']:.2f}"])
-    return text_table(["way", "collectives per step", "formula (MiB)", "sent on the link (MiB)",
-                       "sent / P"], rows, right=[2, 3, 4])
-
-
-def wire_time_table(summary: dict[str, dict]) -> str:
-    """Per way: the step, the compute-only step, the wire time of the bytes it sent, and the
-    time rank 0 spent inside FSDP2's collectives (medians, ms)."""
-    compute = summary["compute only"]["step_s"]
-    rows = [[w["way"], _ms(w["step_s"]), _ms(compute), _ms(w["wire_s"]),
-             _ms(w["inside_s"]) if w["ops"] else "-"] for w in summary.values() if w["way"] != "compute only"]
-    return text_table(["way", "step (ms)", "compute only (ms)", "wire time of its bytes (ms)",
-                       "inside FSDP2's collectives (ms)"], rows, right=[1, 2, 3, 4])
-
-
-def wire_calls_table(summary: dict[str, dict]) -> str:
-    """Per FSDP2 way and kind of collective: calls, bytes by the formula, their wire time,
-    the time rank 0 spent inside, and the ratio of the two."""
-    rows = []
-    for w in summary.values():
-        for name, op in w["ops"].items():
-            ratio = "-" if not op["wire_s"] else f"{op['inside_s'] / op['wire_s']:.2f}"
-            rows.append([w["way"], name.replace("_single", ""), op["calls"], _mib(op["formula"]),
-                         _ms(op["wire_s"]), _ms(op["inside_s"]), ratio])
-    return text_table(["way", "collective", "calls", "sent (MiB)", "wire time (ms)", "inside (ms)",
-                       "inside / wire time"], rows, right=[2, 3, 4, 5, 6])
 
 
 # --------------------------------------------------------------------------- 4. tensor parallelism
@@ -355,174 +270,6 @@ def tp_calls(records: Iterable[dict]) -> str:
         for c in r["calls"]:
             rows.append([r["rank"], c["phase"], c["op"], format_bytes(c["nbytes"])])
     return text_table(["rank", "phase", "collective", "data"], rows, right=[0])
-
-
-# --------------------------------------------------------------------------- 5. pipeline
-
-def bubble_of_step(record: dict) -> dict:
-    """idle = step - busy; as a fraction of the step, and relative to the busy time."""
-    idle = record["step_s"] - record["busy_s"]
-    return {"idle_fraction": idle / record["step_s"], "idle_over_busy": idle / record["busy_s"]}
-
-
-def bubble_formulas(stages: int, micro: int) -> dict:
-    """GPipe's idle fraction of the step, (p-1)/(m+p-1), and the bubble relative to
-    the ideal compute time, (p-1)/m: the same schedule, two denominators."""
-    return {"idle_fraction": (stages - 1) / (micro + stages - 1), "idle_over_busy": (stages - 1) / micro}
-
-
-def gpipe_replay(forward_s: Sequence[Sequence[float]], backward_s: Sequence[Sequence[float]]) -> dict:
-    """The GPipe schedule replayed with given compute times and free communication.
-
-    Args:
-        forward_s: per stage, the forward time of each micro-batch (index = micro-batch).
-        backward_s: per stage, the backward time of each micro-batch (index = micro-batch).
-
-    Returns:
-        {"step_s": the step's length, "idle_fraction": [per stage, idle / step]}. A
-        stage's forward of micro-batch i starts when its previous forward ended and the
-        stage before has sent i; backwards run from the last micro-batch down, each when
-        the stage's previous work ended and the stage after has sent the gradient.
-    """
-    stages, micro = len(forward_s), len(forward_s[0])
-    if len(backward_s) != stages or any(len(f) != micro or len(b) != micro for f, b in zip(forward_s, backward_s)):
-        raise ValueError("gpipe_replay: forward_s and backward_s need one list of m times per stage")
-    f_end = [[0.0] * micro for _ in range(stages)]
-    b_end = [[0.0] * micro for _ in range(stages)]
-    for s in range(stages):
-        free = 0.0
-        for i in range(micro):
-            start = max(free, f_end[s - 1][i] if s else 0.0)
-            free = f_end[s][i] = start + forward_s[s][i]
-    for s in reversed(range(stages)):
-        free = f_end[s][-1]
-        for i in reversed(range(micro)):
-            start = max(free, b_end[s + 1][i] if s < stages - 1 else 0.0)
-            free = b_end[s][i] = start + backward_s[s][i]
-    step = max(b_end[s][0] for s in range(stages))
-    busy = [sum(forward_s[s]) + sum(backward_s[s]) for s in range(stages)]
-    return {"step_s": step, "idle_fraction": [1 - b / step for b in busy]}
-
-
-def _replayed_idle(steps: list[dict]) -> dict[int, float]:
-    """{stage: idle fraction} of gpipe_replay fed with the spans of one step's records."""
-    by_stage = sorted(steps, key=lambda r: r["rank"])
-    micro = by_stage[0]["micro"]
-    fwd = [[0.0] * micro for _ in by_stage]
-    bwd = [[0.0] * micro for _ in by_stage]
-    for s, rec in enumerate(by_stage):
-        for span in rec["spans"]:
-            (fwd if span["kind"] == "F" else bwd)[s][span["micro"]] = span["end"] - span["start"]
-    replay = gpipe_replay(fwd, bwd)
-    return {rec["rank"]: idle for rec, idle in zip(by_stage, replay["idle_fraction"])}
-
-
-def bubble_rows(records: Iterable[dict]) -> list[dict]:
-    """Per micro-batch count and rank: the median over the timed steps, and the formulas."""
-    steps: dict[tuple[int, int], list[dict]] = {}
-    replayed: dict[tuple[int, int], list[float]] = {}
-    for r in _part(records, "step"):
-        steps.setdefault((r["micro"], r["rank"]), []).append(r)
-    for micro, repeat in {(r["micro"], r["repeat"]) for r in _part(records, "step")}:
-        same_step = [r for r in _part(records, "step") if r["micro"] == micro and r["repeat"] == repeat]
-        for rank, idle in _replayed_idle(same_step).items():
-            replayed.setdefault((micro, rank), []).append(idle)
-    rows = []
-    for (micro, rank), recs in sorted(steps.items()):
-        measured = [bubble_of_step(r) for r in recs]
-        rows.append({
-            "micro": micro, "rank": rank, "stages": recs[0]["stages"],
-            "step_s": statistics.median(r["step_s"] for r in recs),
-            "idle_fraction": statistics.median(m["idle_fraction"] for m in measured),
-            "idle_over_busy": statistics.median(m["idle_over_busy"] for m in measured),
-            "replayed_idle_fraction": statistics.median(replayed[(micro, rank)]),
-            **{f"formula_{k}": v for k, v in bubble_formulas(recs[0]["stages"], micro).items()},
-        })
-    return rows
-
-
-def bubble_table(records: Iterable[dict]) -> str:
-    """Per micro-batch count and stage: measured idle share and ratio, the formulas, and
-    the schedule replayed with the measured compute times (gpipe_replay)."""
-    rows = [[r["micro"], r["rank"], _ms(r["step_s"]), f"{r['idle_fraction']:.0%}",
-             f"{r['formula_idle_fraction']:.0%}", f"{r['replayed_idle_fraction']:.0%}",
-             f"{r['idle_over_busy']:.0%}", f"{r['formula_idle_over_busy']:.0%}"]
-            for r in bubble_rows(records)]
-    return text_table(["m", "stage", "step (ms)", "idle / step", "(p-1)/(m+p-1)", "replayed",
-                       "idle / busy", "(p-1)/m"], rows, right=[0, 1, 2, 3, 4, 5, 6, 7])
-
-
-def pipeline_checks(records: Iterable[dict]) -> str:
-    rows = {}
-    for r in _part(records, "check"):
-        rows.setdefault(r["micro"], []).append(r["verdict"])
-    return text_table(["micro-batches", *(f"stage {i} gradients" for i in range(len(next(iter(rows.values())))))],
-                      [[m, *v] for m, v in sorted(rows.items())], right=[0])
-
-
-def plot_bubble(records: Iterable[dict]):
-    """Measured idle fraction per stage against micro-batches, with both formulas."""
-    import matplotlib.pyplot as plt
-
-    rows = bubble_rows(records)
-    micros = sorted({r["micro"] for r in rows})
-    stages = rows[0]["stages"]
-    fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.2))
-    for ax, key, formula in ((axes[0], "idle_fraction", "(p-1)/(m+p-1)"), (axes[1], "idle_over_busy", "(p-1)/m")):
-        for rank in sorted({r["rank"] for r in rows}):
-            pts = [r for r in rows if r["rank"] == rank]
-            ax.plot([r["micro"] for r in pts], [r[key] for r in pts], "o-", color=f"C{rank}",
-                    label=f"measured, stage {rank}")
-            if key == "idle_fraction":
-                ax.plot([r["micro"] for r in pts], [r["replayed_idle_fraction"] for r in pts], "x:",
-                        color=f"C{rank}", label=f"replayed from stage {rank}'s measured times")
-        fine = [m / 4 for m in range(4, 4 * max(micros) + 1)]
-        ax.plot(fine, [bubble_formulas(stages, m)[key] for m in fine], "k--", label=f"{formula}, p={stages}")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(micros, [str(m) for m in micros])
-        ax.set_xlabel("micro-batches per step (m)")
-        ax.set_ylim(0, None)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("idle time / step time")
-    axes[0].set_title("the bubble as a share of the step")
-    axes[1].set_ylabel("idle time / busy time")
-    axes[1].set_title("the bubble relative to the compute")
-    fig.tight_layout()
-    return fig
-
-
-def plot_schedule(records: Iterable[dict], *, micro: int):
-    """The quickest timed step with `micro` micro-batches (the one a busy machine
-    disturbed least): what each stage computed when."""
-    import matplotlib.pyplot as plt
-
-    steps = [r for r in _part(records, "step") if r["micro"] == micro]
-    quickest = min({r["repeat"] for r in steps},
-                   key=lambda rep: max(r["step_s"] for r in steps if r["repeat"] == rep))
-    recs = [r for r in steps if r["repeat"] == quickest]
-    fig, ax = plt.subplots(figsize=(12.0, 1.0 + 0.8 * len(recs)))
-    colors = {"F": "tab:blue", "B": "tab:orange"}
-    for r in recs:
-        y = r["rank"]
-        for s in r["spans"]:
-            ax.broken_barh([(s["start"] * 1e3, (s["end"] - s["start"]) * 1e3)], (y - 0.35, 0.7),
-                           facecolors=colors[s["kind"]], edgecolor="black", linewidth=0.4)
-            ax.text((s["start"] + s["end"]) / 2 * 1e3, y, f"{s['kind']}{s['micro']}", ha="center", va="center",
-                    fontsize=7, color="white")
-        ax.axvline(r["step_s"] * 1e3, color="gray", linestyle="--", linewidth=1)
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=colors["F"], label="forward of micro-batch i"),
-                       Patch(color=colors["B"], label="backward of micro-batch i")],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.set_yticks([r["rank"] for r in recs], [f"stage {r['rank']}" for r in recs])
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the step started (ms); dashed: the step's end")
-    ax.set_title(f"one GPipe step, {micro} micro-batches, {len(recs)} stages (white space: the bubble)")
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    return fig
 
 
 # --------------------------------------------------------------------------- 6. combining

@@ -9,7 +9,7 @@ activations saved for backward, and the collectives a rank issues.
     with CollectiveLog(["all_gather_single", "reduce_scatter_single"]) as log:
         log.phase = "forward"; ...             # log.calls: one CollectiveCall per collective
 
-CollectiveLog is labutils.course.ddp_probes.CollectiveLog (lesson 03 counts PowerSGD's
+CollectiveLog is labutils.course.collective_log.CollectiveLog (lesson 03 counts PowerSGD's
 all-reduces with the same helper), re-exported here for the rank scripts.
 
 "Measured" here means: the bytes of the tensors that exist (distinct storages, so
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from labutils.course.ddp_probes import CollectiveCall, CollectiveLog  # noqa: F401  (re-exported)
+from labutils.course.collective_log import CollectiveCall, CollectiveLog  # noqa: F401  (re-exported)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

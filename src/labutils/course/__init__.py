@@ -1,1 +1,2 @@
-"""Helpers the lessons share: probes, timing, sharding, tables, self-checks, plots."""
+"""Helpers the lessons share: probes, timing, sharding, tables, self-checks, plots, and
+the loader of a lesson folder's own modules (lesson)."""

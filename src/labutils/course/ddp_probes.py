@@ -1,5 +1,5 @@
 """Look inside DistributedDataParallel while it trains: its buckets, when each bucket
-is all-reduced, how long each layer's backward takes, which collectives are issued.
+is all-reduced, how long each layer's backward takes.
 
 Used inside ranks (lesson 03)::
 
@@ -11,35 +11,41 @@ Used inside ranks (lesson 03)::
     timer.spans                                    # one LayerSpan per layer and backward
     reducer_buckets(ddp)                           # DDP's own logging data, parsed
 
-and in notebooks and tests (pure functions)::
+and in notebooks and tests (pure)::
 
     predict_buckets(sizes_in_ready_order, cap_bytes=cap)  # DDP's rule for closing buckets
-    trace_spans("trace.json")                          # backward ops and all-reduces of a profiler trace
 
 Times are time.perf_counter() seconds of the rank that recorded them: compare them
 within one rank only. On GPUs they are the moments the CPU reached each hook, which
 runs ahead of the kernels; the profiler's trace shows the kernels themselves.
+
+Which collectives a rank issues (CollectiveLog) and the arithmetic of time spans
+(busy_seconds, overlap_seconds, trace_spans) have modules of their own,
+collective_log and spans; their names are imported here too, where lessons and
+learners' notebooks first found them (labutils.ddp_probes.CollectiveLog).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labutils.course.collective_log import CollectiveCall, CollectiveLog, count_all_reduces
+from labutils.course.spans import busy_seconds, overlap_seconds, trace_spans
 from labutils.errors import InputError
 
 __all__ = [
     "BucketCall", "BucketRecorder", "record_hook", "LayerSpan", "BackwardTimer",
     "reducer_param_names", "reducer_buckets", "parse_index_lists", "parse_sizes",
-    "predict_buckets", "busy_seconds", "overlap_seconds", "CollectiveCall",
-    "CollectiveLog", "count_all_reduces", "trace_spans", "rank_output_dir",
+    "predict_buckets", "rank_output_dir",
+    # from collective_log and spans, at their first address
+    "CollectiveCall", "CollectiveLog", "count_all_reduces", "busy_seconds", "overlap_seconds",
+    "trace_spans",
 ]
 
 
@@ -329,198 +335,6 @@ def predict_buckets(sizes: Sequence[int], *, cap_bytes: int,
     if current:
         buckets.append(current)
     return buckets
-
-
-# ----------------------------------------------------------------------- overlap
-
-def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of intervals, as sorted disjoint intervals."""
-    out: list[list[float]] = []
-    for start, end in sorted((float(a), float(b)) for a, b in spans):
-        if end < start:
-            raise InputError("spans", expected="intervals with end >= start", given=(start, end),
-                             fix="pass (start_s, end_s) pairs")
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def busy_seconds(spans: Sequence[tuple[float, float]]) -> float:
-    """Seconds covered by at least one interval (overlapping intervals count once)."""
-    return sum(b - a for a, b in _merged(spans))
-
-
-def overlap_seconds(first: Sequence[tuple[float, float]], second: Sequence[tuple[float, float]]) -> float:
-    """Seconds during which both something in first and something in second ran:
-    e.g. backward compute and all-reduce, the communication DDP hid behind compute."""
-    a, b = _merged(first), _merged(second)
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-# ----------------------------------------------------------------------- collectives
-
-@dataclass
-class CollectiveCall:
-    """One torch.distributed call seen by a CollectiveLog.
-
-    nbytes is the whole array: the gathered output of an all-gather, the input of a
-    reduce-scatter, the tensor of an all-reduce, broadcast, send or recv (as nccl-tests
-    and lesson 02 count). peer is the source of a broadcast or recv, the destination
-    of a send (None otherwise). phase is the log's label when the call was made; t is
-    time.perf_counter() of the calling rank, thread the calling thread's name.
-    """
-
-    op: str
-    numel: int
-    nbytes: int
-    dtype: str
-    phase: str = ""
-    peer: int | None = None
-    thread: str = ""
-    t: float = 0.0
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-# Which positional argument holds "the whole array", and its keyword name where that
-# is not "tensor"; which keyword names the peer.
-_DATA_ARG = {
-    "all_gather_single": 0, "all_gather_into_tensor": 0, "reduce_scatter_single": 1,
-    "reduce_scatter_tensor": 1, "all_reduce": 0, "broadcast": 0,
-    "send": 0, "recv": 0, "isend": 0, "irecv": 0, "all_to_all_single": 1,
-}
-_DATA_KW = {"reduce_scatter_single": "input", "reduce_scatter_tensor": "input",
-            "all_gather_single": "output_tensor", "all_gather_into_tensor": "output_tensor",
-            "all_to_all_single": "input"}
-_PEER_KW = {"broadcast": "src", "recv": "src", "irecv": "src", "send": "dst", "isend": "dst"}
-
-
-class CollectiveLog:
-    """Records the torch.distributed calls named in `ops` made from Python in a block.
-
-    It wraps the functions of the torch.distributed module, so it sees what
-    communication hooks (fp16 compression, PowerSGD), FSDP2, ZeroRedundancyOptimizer
-    and your own code call through it. DDP's built-in all-reduce (no hook) runs in C++
-    and is not seen: count those with a BucketRecorder. Set .phase to label the calls
-    that follow ("forward", "backward", "step")::
-
-        with CollectiveLog(["all_gather_single", "reduce_scatter_single"]) as log:
-            log.phase = "forward"; ...          # log.calls: one CollectiveCall per call
-
-    Args:
-        ops: names of torch.distributed functions, some of those in _DATA_ARG.
-        on_call: called with each CollectiveCall just before the real call starts
-            (e.g. print it, to see the order in which a rank issues them).
-    """
-
-    def __init__(self, ops: Sequence[str],
-                 on_call: Callable[[CollectiveCall], object] | None = None) -> None:
-        unknown = sorted(set(ops) - set(_DATA_ARG))
-        if unknown:
-            raise InputError("CollectiveLog ops", expected=f"names among {sorted(_DATA_ARG)}",
-                             given=unknown, fix="spell them as torch.distributed names them")
-        self.ops = list(ops)
-        self.on_call = on_call
-        self.calls: list[CollectiveCall] = []
-        self.phase = ""
-        self._real: dict[str, Callable] = {}
-
-    def _wrap(self, op: str, real: Callable) -> Callable:
-        def recorded(*args, **kwargs):
-            data = kwargs.get(_DATA_KW.get(op, "tensor"))
-            if data is None:
-                index = _DATA_ARG[op]
-                data = args[index] if len(args) > index else next(
-                    v for v in kwargs.values() if hasattr(v, "element_size"))
-            peer = kwargs.get(_PEER_KW[op]) if op in _PEER_KW else None
-            if peer is None and op in _PEER_KW and len(args) > 1:
-                peer = args[1]
-            call = CollectiveCall(
-                op=op, numel=data.numel(), nbytes=data.numel() * data.element_size(),
-                dtype=str(data.dtype).replace("torch.", ""), phase=self.phase, peer=peer,
-                thread=threading.current_thread().name, t=time.perf_counter())
-            self.calls.append(call)
-            if self.on_call is not None:
-                self.on_call(call)
-            return real(*args, **kwargs)
-
-        return recorded
-
-    def __enter__(self) -> "CollectiveLog":
-        import torch.distributed as dist
-
-        for op in self.ops:
-            self._real[op] = getattr(dist, op)
-            setattr(dist, op, self._wrap(op, self._real[op]))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import torch.distributed as dist
-
-        for op, real in self._real.items():
-            setattr(dist, op, real)
-        self._real.clear()
-
-
-@contextmanager
-def count_all_reduces(on_call: Callable[[CollectiveCall], object] | None = None
-                      ) -> Iterator[list[CollectiveCall]]:
-    """Record every torch.distributed.all_reduce made from Python inside the block.
-
-    A CollectiveLog of all_reduce alone; yields its list of calls.
-    """
-    with CollectiveLog(["all_reduce"], on_call) as log:
-        yield log.calls
-
-
-# ----------------------------------------------------------------------- profiler trace
-
-def trace_spans(path: str | os.PathLike, *,
-                compute_prefix: str = "autograd::engine::evaluate_function: ",
-                comm_match: Sequence[str] = ("all_reduce", "allreduce", "AllReduce")) -> dict:
-    """Backward ops and all-reduces from a torch.profiler Chrome trace.
-
-    Args:
-        path: the file written by prof.export_chrome_trace().
-        compute_prefix: name prefix of the autograd engine's events (one per backward op).
-        comm_match: substrings naming communication events (gloo:all_reduce on CPU).
-
-    Returns:
-        {"compute": [(op, start_s, end_s)], "comm": [(name, start_s, end_s, thread)]},
-        times in seconds from the first event of the trace.
-    """
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError("path", expected="a Chrome trace written by export_chrome_trace()",
-                         given=str(path), fix=f"check the file ({exc.__class__.__name__})") from None
-    spans = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
-    if not spans:
-        return {"compute": [], "comm": []}
-    t0 = min(float(e["ts"]) for e in spans)
-    compute, comm = [], []
-    for e in spans:
-        start = (float(e["ts"]) - t0) / 1e6
-        end = start + float(e["dur"]) / 1e6
-        name = str(e.get("name", ""))
-        if name.startswith(compute_prefix):
-            compute.append((name[len(compute_prefix):], start, end))
-        elif any(m in name for m in comm_match) and not name.startswith("c10d::"):
-            comm.append((name, start, end, str(e.get("tid", ""))))
-    compute.sort(key=lambda s: s[1])
-    comm.sort(key=lambda s: s[1])
-    return {"compute": compute, "comm": comm}
 
 
 def rank_output_dir() -> Path:

@@ -6,12 +6,15 @@ with units, a title, a legend, a size readable in a notebook):
 - plot_bandwidth: time per call and bus bandwidth against message size, log-log,
   one line per algorithm, with fitted alpha-beta models (lesson 02; lesson 03
   reads its bucket-size curve against it).
-- plot_bucket_sizes: DDP's buckets per setting as cut bars, with the cap (lesson 03).
-- plot_overlap_timeline: backward compute and all-reduces on one time axis (lesson 03).
-- plot_bucket_sweep: step time against bucket_cap_mb, measured and predicted (lesson 03).
 - plot_ownership: which rank saw which item, per epoch (lesson 04).
 - plot_loss_across_restarts: loss against step, one line per torchrun restart (lesson 05).
 - plot_scaling: time per step and strong/weak scaling efficiency against ranks (lesson 06).
+
+These draw measurements any run can make (bandwidth curves, who saw which item, a run
+with restarts, scaling). A plot of one lesson's own subject lives in that lesson's
+folder: lesson 03's DDP buckets, overlap timeline and bucket-cap sweep are in
+lessons/03_bucketing_and_overlap/plots.py; their old names here still find them
+(MOVED_TO_LESSONS).
 
 Every function returns the matplotlib Figure (created with pyplot, so a notebook
 shows it at the end of the cell); call plt.close(fig) when drawing many.
@@ -19,16 +22,13 @@ shows it at the end of the cell); call plt.close(fig) when drawing many.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from labutils.errors import InputError
 from labutils.course.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format_rate, format_seconds
 
 __all__ = [
-    "plot_bandwidth", "plot_bucket_sizes", "plot_overlap_timeline", "plot_bucket_sweep",
-    "plot_ownership",
-    "plot_loss_across_restarts", "plot_scaling",
+    "plot_bandwidth", "plot_ownership", "plot_loss_across_restarts", "plot_scaling", "check_series",
 ]
 
 FIGSIZE_WIDE = (12.0, 4.6)  # two panels side by side, readable in a notebook column
@@ -36,7 +36,16 @@ FIGSIZE_WIDE = (12.0, 4.6)  # two panels side by side, readable in a notebook co
 
 # ----------------------------------------------------------------------------- bandwidth
 
-def _check_series(series) -> dict[str, tuple[list[float], list[float]]]:
+def check_series(series) -> dict[str, tuple[list[float], list[float]]]:
+    """{name: (sizes, seconds)} as lists of positive numbers, one time per size (for log
+    axes), each series sorted by size so that its line runs left to right.
+
+    Args:
+        series: {name: (x values, y values)} as the plots take it.
+
+    Returns:
+        {name as str: (list of x, list of y)}, in x order.
+    """
     if not isinstance(series, Mapping) or not series:
         raise InputError("series", expected="a dict {name: (sizes_in_bytes, seconds)} with at least one entry",
                          given=series, fix='pass e.g. {"ring": ([8, 1024], [1e-4, 2e-4])}')
@@ -58,7 +67,8 @@ def _check_series(series) -> dict[str, tuple[list[float], list[float]]]:
             if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
                 raise InputError(f"series[{name!r}] {label}", expected="numbers > 0 (log axes)",
                                  given=values, fix="drop zero or negative measurements")
-        checked[str(name)] = (sizes, seconds)
+        xs, ys = zip(*sorted(zip(sizes, seconds)))
+        checked[str(name)] = (list(xs), list(ys))
     return checked
 
 
@@ -85,7 +95,7 @@ def plot_bandwidth(
     """
     import matplotlib.pyplot as plt
 
-    data = _check_series(series)
+    data = check_series(series)
     factor = busbw_factor(collective, world_size)
     fits = dict(fits or {})
     unknown = sorted(set(fits) - set(data))
@@ -97,10 +107,7 @@ def plot_bandwidth(
                          given=fits, fix="pass {name: fit_alpha_beta(sizes, seconds)}")
 
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=FIGSIZE_WIDE)
-    for name, (sizes, seconds) in data.items():
-        order = sorted(range(len(sizes)), key=sizes.__getitem__)
-        xs = [sizes[i] for i in order]
-        ts = [seconds[i] for i in order]
+    for name, (xs, ts) in data.items():
         (line,) = ax_t.plot(xs, ts, "o-", label=name, markersize=4)
         bws = [busbw(x, t, collective=collective, world_size=world_size) / 1e9 for x, t in zip(xs, ts)]
         ax_bw.plot(xs, bws, "o-", color=line.get_color(), label=name, markersize=4)
@@ -137,227 +144,6 @@ def _size_ticks(lo: float, hi: float) -> list[float]:
         t *= 2
     step = max(1, len(ticks) // 7)
     return ticks[::step] or [lo]
-
-
-# ----------------------------------------------------------------------- shared checks
-
-def _check_spans(name: str, lanes) -> dict[str, list[tuple[float, float]]]:
-    """{lane: [(start, end), ...]} with finite numbers and end >= start."""
-    if not isinstance(lanes, Mapping):
-        raise InputError(name, expected="a dict {lane label: [(start_s, end_s), ...]}", given=lanes,
-                         fix='pass e.g. {"fc2": [(0.001, 0.004)]}')
-    checked = {}
-    for lane, spans in lanes.items():
-        try:
-            pairs = [(float(a), float(b)) for a, b in spans]
-        except (TypeError, ValueError):
-            raise InputError(f"{name}[{lane!r}]", expected="a list of (start_s, end_s) pairs",
-                             given=spans, fix="pass two numbers per span") from None
-        if any(not (math.isfinite(a) and math.isfinite(b)) or b < a for a, b in pairs):
-            raise InputError(f"{name}[{lane!r}]", expected="finite spans with end >= start",
-                             given=pairs, fix="drop unfinished spans (end None) before plotting")
-        checked[str(lane)] = pairs
-    return checked
-
-
-# ----------------------------------------------------------------------- bucket sizes
-
-def plot_bucket_sizes(
-    buckets: Mapping[str, Sequence[int]],
-    *,
-    caps: Mapping[str, float] | None = None,
-    labels: Mapping[str, Sequence[str]] | None = None,
-    title: str = "DDP's buckets: one bar per setting, one segment per bucket",
-):
-    """One horizontal bar per setting, cut into its buckets (in all-reduce order).
-
-    Args:
-        buckets: {setting label: bucket sizes in bytes, in all-reduce order}.
-        caps: {setting label: the cap in bytes}, drawn as a red tick on each bar.
-        labels: {setting label: one short text per bucket}, written in the segments.
-        title: the axes title.
-
-    Returns:
-        The matplotlib Figure.
-    """
-    import matplotlib.pyplot as plt
-
-    if not isinstance(buckets, Mapping) or not buckets:
-        raise InputError("buckets", expected="a dict {setting: [bytes per bucket]} with at least one entry",
-                         given=buckets, fix='pass e.g. {"cap 1 MiB": [2119720, 4198400]}')
-    for key, sizes in buckets.items():
-        if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or not sizes or any(
-                isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0 for s in sizes):
-            raise InputError(f"buckets[{key!r}]", expected="a non-empty list of sizes in bytes > 0",
-                             given=sizes, fix="pass the bucket sizes DDP reported")
-    caps, labels = dict(caps or {}), dict(labels or {})
-    for what, extra in (("caps", caps), ("labels", labels)):
-        unknown = sorted(set(extra) - set(buckets))
-        if unknown:
-            raise InputError(what, expected=f"keys among {sorted(buckets)}", given=unknown,
-                             fix="use the same setting labels as buckets")
-    for key, texts in labels.items():
-        if len(texts) != len(buckets[key]):
-            raise InputError(f"labels[{key!r}]", expected=f"{len(buckets[key])} texts (one per bucket)",
-                             given=len(texts), fix="give every bucket one label")
-
-    rows = list(buckets)
-    fig, ax = plt.subplots(figsize=(11.0, 0.9 + 0.75 * len(rows)))
-    cmap = plt.get_cmap("tab10")
-    mib = 2.0 ** 20
-    for y, key in enumerate(rows):
-        left = 0.0
-        for i, size in enumerate(buckets[key]):
-            width = size / mib
-            ax.barh(y, width, left=left, height=0.6, color=cmap(i % 10), edgecolor="white")
-            text = labels[key][i] if key in labels else f"b{i}"
-            ax.text(left + width / 2, y, text, ha="center", va="center", fontsize=8, clip_on=True)
-            left += width
-        if key in caps and caps[key]:
-            cap = caps[key] / mib
-            ax.plot([cap, cap], [y - 0.42, y + 0.42], color="red", linewidth=1.5, linestyle="--")
-    ax.set_yticks(range(len(rows)), rows)
-    ax.invert_yaxis()
-    ax.set_xlabel("bucket contents (MiB of gradients), in the order buckets are all-reduced")
-    ax.set_title(title + ("; red tick: the cap" if caps else ""))
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-# ----------------------------------------------------------------------- overlap timeline
-
-def plot_overlap_timeline(
-    compute: Mapping[str, Sequence[tuple[float, float]]],
-    comm: Mapping[str, Sequence[tuple[float, float]]],
-    *,
-    t0: float | None = None,
-    marks: Mapping[str, float] | None = None,
-    title: str = "one backward pass: compute and all-reduce on one time axis",
-):
-    """Backward compute and all-reduces as bars on one time axis, one lane each.
-
-    Args:
-        compute: {lane label: [(start_s, end_s), ...]}: e.g. one lane per layer's
-            backward (from hooks) or one lane of autograd ops (from a profiler trace).
-        comm: {lane label: [(start_s, end_s), ...]}: e.g. one lane per bucket.
-        t0: the time shown as 0 (seconds, same clock); default: the earliest start.
-        marks: {label: time_s} drawn as dashed vertical lines (e.g. backward returns).
-        title: the axes title.
-
-    Returns:
-        The matplotlib Figure.
-    """
-    import matplotlib.pyplot as plt
-
-    comp = _check_spans("compute", compute)
-    com = _check_spans("comm", comm)
-    starts = [a for spans in (*comp.values(), *com.values()) for a, _ in spans]
-    if not starts:
-        raise InputError("compute/comm", expected="at least one span", given=(compute, comm),
-                         fix="record a backward pass first")
-    marks = dict(marks or {})
-    if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in marks.values()):
-        raise InputError("marks", expected="{label: time in seconds}", given=marks,
-                         fix="pass finite times on the same clock as the spans")
-    origin = min(starts) if t0 is None else float(t0)
-    lanes = [("compute", k, v) for k, v in comp.items()] + [("comm", k, v) for k, v in com.items()]
-    colors = {"compute": "tab:blue", "comm": "tab:orange"}
-    fig, ax = plt.subplots(figsize=(12.0, 1.2 + 0.42 * len(lanes)))
-    for y, (kind, label, spans) in enumerate(lanes):
-        bars = [((a - origin) * 1e3, (b - a) * 1e3) for a, b in spans]
-        ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colors[kind], edgecolor="black", linewidth=0.3)
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=colors["compute"], label="backward compute"),
-               Patch(color=colors["comm"], label="all-reduce")]
-    for i, (label, t) in enumerate(marks.items()):
-        style = ("--", ":", "-.")[i % 3]
-        x = (t - origin) * 1e3
-        ax.axvline(x, color="gray", linestyle=style, linewidth=1.2)
-        handles.append(Line2D([], [], color="gray", linestyle=style, label=f"{label} ({x:.1f} ms)"))
-    ax.set_yticks(range(len(lanes)), [label for _, label, _ in lanes])
-    ax.set_ylim(-0.6, len(lanes) - 0.4)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms)")
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-# ----------------------------------------------------------------------- bucket-cap sweep
-
-def plot_bucket_sweep(
-    measured: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    *,
-    predicted: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-    compute_only: Mapping[str, float] | None = None,
-    title: str = "step time against bucket_cap_mb",
-    perfect: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-):
-    """Step time against bucket cap, one colour per model, log-scaled cap axis.
-
-    Args:
-        measured: {model label: (caps in MiB, seconds per step)}: solid lines.
-        predicted: {model label: (caps in MiB, seconds)}: dashed lines, the step
-            predicted without overlap (compute plus every bucket's all-reduce).
-        compute_only: {model label: seconds per step without communication}: dotted
-            horizontal lines.
-        title: the axes title.
-        perfect: {model label: (caps in MiB, seconds)}: dash-dotted lines, the step
-            predicted with perfect overlap; shaded up to `predicted` where both exist.
-
-    Returns:
-        The matplotlib Figure.
-    """
-    import matplotlib.pyplot as plt
-
-    data = _check_series(measured)
-    pred = _check_series(predicted) if predicted else {}
-    best = _check_series(perfect) if perfect else {}
-    floor = dict(compute_only or {})
-    for what, extra in (("predicted", pred), ("perfect", best), ("compute_only", floor)):
-        unknown = sorted(set(extra) - set(data))
-        if unknown:
-            raise InputError(what, expected=f"model labels among {sorted(data)}", given=unknown,
-                             fix="use the same labels as measured")
-    fig, ax = plt.subplots(figsize=(9.0, 4.8))
-    for name, (caps, seconds) in data.items():
-        order = sorted(range(len(caps)), key=caps.__getitem__)
-        (line,) = ax.plot([caps[i] for i in order], [seconds[i] * 1e3 for i in order], "o-",
-                          label=f"{name}: measured")
-        if name in pred:
-            pc, ps = pred[name]
-            o = sorted(range(len(pc)), key=pc.__getitem__)
-            ax.plot([pc[i] for i in o], [ps[i] * 1e3 for i in o], "--", color=line.get_color(),
-                    label=f"{name}: predicted, no overlap")
-        if name in best:
-            bc, bs = best[name]
-            o = sorted(range(len(bc)), key=bc.__getitem__)
-            ax.plot([bc[i] for i in o], [bs[i] * 1e3 for i in o], "-.", color=line.get_color(),
-                    label=f"{name}: predicted, perfect overlap")
-            if name in pred and sorted(pred[name][0]) == [bc[i] for i in o]:
-                top = dict(zip(*pred[name]))
-                ax.fill_between([bc[i] for i in o], [bs[i] * 1e3 for i in o],
-                                [top[bc[i]] * 1e3 for i in o], color=line.get_color(), alpha=0.12)
-        if name in floor:
-            ax.axhline(floor[name] * 1e3, linestyle=":", color=line.get_color(),
-                       label=f"{name}: compute only (no_sync)")
-    ax.set_xscale("log", base=2)
-    ticks = sorted({c for caps, _ in data.values() for c in caps})
-    ax.set_xticks(ticks, [f"1/{1 / c:g}" if c < 1 else f"{c:g}" for c in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("bucket_cap_mb (MiB)")
-    ax.set_ylabel("time per training step (ms)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
 
 
 # ----------------------------------------------------------------------- sampler ownership
@@ -493,6 +279,13 @@ def plot_loss_across_restarts(
 
 # ------------------------------------------------------------------------ scaling
 
+def _seconds_by_ranks(times) -> bool:
+    """Whether times is {ranks >= 1: seconds > 0}."""
+    return isinstance(times, Mapping) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1
+        and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for n, t in times.items())
+
+
 def plot_scaling(
     step_seconds: Mapping[str, Mapping[int, float]],
     *,
@@ -524,18 +317,12 @@ def plot_scaling(
         raise InputError("step_seconds", expected='{"strong": {ranks: seconds}, "weak": {...}}',
                          given=step_seconds, fix='pass e.g. {"strong": {1: 0.1, 2: 0.06}}')
     for kind, times in step_seconds.items():
-        if not isinstance(times, Mapping) or 1 not in times or any(
-                isinstance(n, bool) or not isinstance(n, int) or n < 1 or
-                isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
-                for n, t in times.items()):
+        if not _seconds_by_ranks(times) or 1 not in times:
             raise InputError(f"step_seconds[{kind!r}]", expected="{ranks >= 1: seconds > 0} including ranks 1",
                              given=times, fix="measure the 1-rank run too: it is the baseline")
     predicted = predicted or {}
-    if not isinstance(predicted, Mapping) or set(predicted) - set(step_seconds) or any(
-            not isinstance(times, Mapping) or any(
-                isinstance(n, bool) or not isinstance(n, int) or n < 1 or isinstance(t, bool)
-                or not isinstance(t, (int, float)) or not t > 0 for n, t in times.items())
-            for times in predicted.values()):
+    if not isinstance(predicted, Mapping) or set(predicted) - set(step_seconds) or not all(
+            _seconds_by_ranks(times) for times in predicted.values()):
         raise InputError("predicted", expected="{kind of step_seconds: {ranks >= 1: seconds > 0}}",
                          given=predicted, fix='pass e.g. {"strong": {2: 0.06, 4: 0.05}}')
     fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=FIGSIZE_WIDE)
@@ -574,3 +361,24 @@ def plot_scaling(
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------ plots that moved to a lesson
+
+# {name: (lesson folder, module)}: notebooks saved before a plot moved into its lesson's
+# folder import it from here (from labutils.viz import plot_bucket_sizes).
+MOVED_TO_LESSONS = {
+    "plot_bucket_sizes": ("03_bucketing_and_overlap", "plots"),
+    "plot_overlap_timeline": ("03_bucketing_and_overlap", "plots"),
+    "plot_bucket_sweep": ("03_bucketing_and_overlap", "plots"),
+}
+
+
+def __getattr__(name: str):
+    """A plot that moved into its lesson's folder, loaded from the checkout's lessons/."""
+    if name not in MOVED_TO_LESSONS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from labutils.course import lesson
+
+    folder, module = MOVED_TO_LESSONS[name]
+    return getattr(lesson.load(lesson.LESSONS_DIR / folder, module), name)

@@ -1,0 +1,91 @@
+"""Time spans: how long something ran, how long two things ran at once, and the spans
+of a torch.profiler trace.
+
+In notebooks and tests (pure functions; lesson 03 reads DDP's overlap with them)::
+
+    busy_seconds([(0, 2), (1, 3)])                  # 3.0: overlapping spans count once
+    overlap_seconds(compute_spans, comm_spans)      # communication hidden behind compute
+    trace_spans("trace.json")                       # backward ops and all-reduces of a trace
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from labutils.errors import InputError
+
+__all__ = ["busy_seconds", "overlap_seconds", "trace_spans"]
+
+
+def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as sorted disjoint intervals."""
+    out: list[list[float]] = []
+    for start, end in sorted((float(a), float(b)) for a, b in spans):
+        if end < start:
+            raise InputError("spans", expected="intervals with end >= start", given=(start, end),
+                             fix="pass (start_s, end_s) pairs")
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def busy_seconds(spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval (overlapping intervals count once)."""
+    return sum(b - a for a, b in _merged(spans))
+
+
+def overlap_seconds(first: Sequence[tuple[float, float]], second: Sequence[tuple[float, float]]) -> float:
+    """Seconds during which both something in first and something in second ran:
+    e.g. backward compute and all-reduce, the communication DDP hid behind compute."""
+    a, b = _merged(first), _merged(second)
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def trace_spans(path: str | os.PathLike, *,
+                compute_prefix: str = "autograd::engine::evaluate_function: ",
+                comm_match: Sequence[str] = ("all_reduce", "allreduce", "AllReduce")) -> dict:
+    """Backward ops and all-reduces from a torch.profiler Chrome trace.
+
+    Args:
+        path: the file written by prof.export_chrome_trace().
+        compute_prefix: name prefix of the autograd engine's events (one per backward op).
+        comm_match: substrings naming communication events (gloo:all_reduce on CPU).
+
+    Returns:
+        {"compute": [(op, start_s, end_s)], "comm": [(name, start_s, end_s, thread)]},
+        times in seconds from the first event of the trace.
+    """
+    try:
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError("path", expected="a Chrome trace written by export_chrome_trace()",
+                         given=str(path), fix=f"check the file ({exc.__class__.__name__})") from None
+    spans = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    if not spans:
+        return {"compute": [], "comm": []}
+    t0 = min(float(e["ts"]) for e in spans)
+    compute, comm = [], []
+    for e in spans:
+        start = (float(e["ts"]) - t0) / 1e6
+        end = start + float(e["dur"]) / 1e6
+        name = str(e.get("name", ""))
+        if name.startswith(compute_prefix):
+            compute.append((name[len(compute_prefix):], start, end))
+        elif any(m in name for m in comm_match) and not name.startswith("c10d::"):
+            comm.append((name, start, end, str(e.get("tid", ""))))
+    compute.sort(key=lambda s: s[1])
+    comm.sort(key=lambda s: s[1])
+    return {"compute": compute, "comm": comm}
