@@ -22,12 +22,20 @@ def fresh_checkpoint_dir(name: str) -> str:
 
 
 def attempts_table(result) -> str:
-    """One line per attempt: world size, restart count, who failed and why, outcome."""
-    rows = [[a["attempt"], a.get("world_size", ""), a.get("restart_count", ""),
-             "" if a["failed_rank"] is None else a["failed_rank"], a["outcome"],
-             (a["why"] or "")[:80]] for a in result.attempts]
-    return text_table(["attempt", "world", "restart count", "failed rank", "outcome", "why"],
-                      rows)
+    """One line per attempt: world size, restart count, who failed and why, outcome.
+
+    When an agent left, the row names the agent: which ranks it ran depends on the
+    order in which the agents joined the rendezvous, which changes from run to run.
+    """
+    rows = []
+    for a in result.attempts:
+        who = "" if a["failed_rank"] is None else f"rank {a['failed_rank']}"
+        why = a["why"] or ""
+        if a.get("failed_agent") is not None:
+            who, why = f"agent {a['failed_agent']}", why.split(" (injected")[0] + " (injected)"
+        rows.append([a["attempt"], a.get("world_size", ""), a.get("restart_count", ""), who,
+                     a["outcome"], why[:80]])
+    return text_table(["attempt", "world", "restart count", "who failed", "outcome", "why"], rows)
 
 
 def final_hashes(result) -> dict[int, str]:
