@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from labutils import LaunchConfigError, ScriptSyntaxError, launch
@@ -85,3 +87,21 @@ def test_random_fault_step_is_reproducible():
     a = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)
     b = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)
     assert a == b and 3 <= a["step"] <= 9
+
+
+def test_prepare_says_what_will_start_before_anything_starts(tmp_path):
+    from labutils.run.launcher import prepare
+
+    run = prepare(Path(__file__).parent / "scripts" / "hello.py", 2, log_dir=tmp_path,
+                  display="none", env={"MY_SETTING": "1"}, max_restarts=1)
+    request = run.request
+    assert request.run_dir.is_dir() and not any(request.run_dir.iterdir())  # nothing ran
+    assert len(request.commands) == 1
+    command = request.commands[0]
+    assert command[1:3] == ["-m", "labutils.runtime.agent"] and "--max-restarts" in command
+    assert command[-2:] == ["labutils.runtime.worker", str(Path(__file__).parent / "scripts" / "hello.py")]
+    assert request.env["MY_SETTING"] == "1"
+    assert request.env["LABUTILS_RUN_DIR"] == str(request.run_dir)
+    text = str(request)
+    assert text.splitlines()[0] == f"run folder: {request.run_dir}"
+    assert "agent 0: " in text and "MY_SETTING=1" in text

@@ -25,7 +25,7 @@ from labutils.run.backends import LocalAgents, SlurmJob
 from labutils.run.diagnosis import analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
-from labutils.run.spec import LaunchSpec
+from labutils.run.spec import LaunchSpec, RunRequest
 from labutils.run.streams import EventTail, RankOutput
 from labutils.runtime import runfiles
 from labutils.runtime.procs import free_port, pid_alive
@@ -74,6 +74,8 @@ class Run:
         self.reason = "ok"
         self.hang = None
         self.notes: list[str] = []  # lines for the display once the run starts
+        env, self._net_note = self._environment()
+        self.request = RunRequest(commands=self.backend.commands, env=env, run_dir=run_dir)
         self._host_gone_at: float | None = None
         self._finished_at: float | None = None
         self._wait_noted = False
@@ -91,7 +93,7 @@ class Run:
             name = f"command-{self.token}.txt" if self.token else "command.txt"
             (self.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
                                                          self.backend.commands) + "\n")
-        env, net_note = self._environment()
+        env, net_note = {**os.environ, **self.request.env}, self._net_note
         self.t0 = self.last_activity = time.monotonic()
         interrupted = False
         self.display.start(world_size=spec.world_size, log_dir=str(self.run_dir),
@@ -128,11 +130,13 @@ class Run:
         return result
 
     def _environment(self) -> tuple[dict[str, str], str | None]:
-        spec, env, net_note = self.spec, os.environ.copy(), None
+        """The variables the run sets on top of the caller's environment, and a line
+        on the network interface chosen (jobs across machines)."""
+        spec, env, net_note = self.spec, {}, None
         if spec.multinode:
             from labutils.cluster.network import interface_env
 
-            chosen, net_note = interface_env(spec.rdzv_endpoint, {**env, **spec.env})
+            chosen, net_note = interface_env(spec.rdzv_endpoint, {**os.environ, **spec.env})
             env.update(chosen)
             env[runfiles.ENV_NODE] = self.token
         env.update(spec.env)
@@ -141,10 +145,11 @@ class Run:
         env[runfiles.ENV_BACKEND] = spec.backend
         # Re-initialising gloo through the agent's shared store after a restart fails
         # intermittently; a store per round does not (docs/architecture.md, restarts).
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ:
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if spec.faults:  # the ranks carry them out, inside report(step=S): see dist.py
             env[runfiles.ENV_FAULT] = json.dumps(spec.faults)
-        if spec.world_size > 1:
+        if spec.world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
         return env, net_note
 

@@ -119,7 +119,9 @@ SCHEDULERS = (None, "slurm")
 def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=None,
             slurm: dict | None = None, **kwargs) -> Run:
     """launch() up to the moment processes start: every input checked (LaunchConfigError
-    on the first bad one), the display made, the run folder created. .run() starts it."""
+    on the first bad one), the display made, the run folder created. ``.request`` says
+    what will start (each agent's command, the variables set, the run folder: print it);
+    ``.run()`` starts it."""
     if scheduler not in SCHEDULERS:
         raise LaunchConfigError("scheduler", expected="None (this machine) or 'slurm'",
                                 given=scheduler, fix='pass scheduler="slurm" or leave it out')

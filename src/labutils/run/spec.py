@@ -27,17 +27,18 @@ from labutils.run.checks import (
     check_script,
     public_fault,
 )
+from labutils.runtime import runfiles
 
 __all__ = [
     "BACKENDS", "ELASTIC_RDZV_CONF", "ENV_RUNS_DIR", "MAX_LOCAL_AGENTS", "MAX_NODES", "MAX_NPROC",
-    "LaunchSpec", "check_fault", "check_faults", "check_multinode", "check_nnodes",
+    "LaunchSpec", "RunRequest", "check_fault", "check_faults", "check_multinode", "check_nnodes",
     "check_rdzv_conf", "check_script", "gpu_count", "make_spec", "new_run_dir", "public_fault",
     "runs_root", "torchrun_command",
 ]
 
 MAX_NPROC = 64  # per node; more than this on one machine is a typo, not a plan
 BACKENDS = ("auto", "gloo", "nccl")
-ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"
+ENV_RUNS_DIR = runfiles.ENV_RUNS_DIR
 # Rendezvous settings for runs with several agents or an elastic --nnodes MIN:MAX, tuned
 # for agents on one machine: torch's defaults (30 s last call, 15 s to declare a silent
 # agent dead, 600 s to join) are made for clusters and would make a membership change
@@ -298,3 +299,23 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         "--monitor-interval", "0.1",
         "-m", "labutils.runtime.worker", str(spec.script), *spec.args,
     ]
+
+
+@dataclass
+class RunRequest:
+    """What a run will start, known before anything starts (prepare(...).request).
+
+    commands: each agent's argument list (none with a scheduler: its nodes start them);
+    env: the variables the launcher sets on top of the caller's environment;
+    run_dir: the run folder, already created.
+    """
+
+    commands: list[list[str]]
+    env: dict[str, str]
+    run_dir: Path
+
+    def __str__(self) -> str:
+        lines = [f"run folder: {self.run_dir}"]
+        lines += [f"agent {i}: {' '.join(c)}" for i, c in enumerate(self.commands)]
+        lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
+        return "\n".join(lines)
