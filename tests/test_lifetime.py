@@ -127,3 +127,38 @@ def test_no_descendant_outlives_the_run(ending, trial, runs_dir, tmp_path):
                 os.kill(pid, signal.SIGKILL)  # a failing trial must not leak into the next
             except OSError:
                 pass
+
+
+def test_the_tree_reaches_children_of_a_process_whose_main_thread_has_exited(tmp_path):
+    """A torchrun agent winding down shows as a zombie while its other threads finish, and
+    its ranks are still its children: the keeper must see through it (found in the suite:
+    the ranks' children outlived a stopped run when the walk stopped at the zombie)."""
+    from labutils.runtime.procs import tree
+
+    script = tmp_path / "leader_exits.py"
+    script.write_text(
+        "import ctypes, subprocess, threading, time\n"
+        "def keep():\n"
+        "    child = subprocess.Popen(['sleep', '30'])\n"
+        "    print(child.pid, flush=True)\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=keep).start()\n"
+        "time.sleep(0.3)\n"
+        "ctypes.CDLL(None).pthread_exit(None)  # the main thread ends, the process goes on\n")
+    leader = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(leader.stdout.readline())
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{leader.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the main thread did not exit")
+        found = tree(os.getpid())
+        assert child in found and leader.pid not in found
+    finally:
+        leader.kill()
+        leader.wait()
+        os.kill(child, signal.SIGKILL)

@@ -54,8 +54,14 @@ def ownership_mode() -> str:
 
 
 def tree(root: int) -> list[int]:
-    """Every live descendant of root, read from /proc (no psutil: the keeper uses it)."""
-    children: dict[int, list[int]] = {}
+    """Every live descendant of root, read from /proc (no psutil: the keeper uses it).
+
+    The walk goes through zombies: a multi-threaded process (a torchrun agent) whose
+    main thread has exited shows as a zombie while its other threads finish, and its
+    children keep it as their parent until the last thread is gone; they are still
+    descendants to end. Zombies themselves are not listed: they are already dead.
+    """
+    children: dict[int, list[tuple[int, bool]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -64,12 +70,12 @@ def tree(root: int) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] not in (b"Z", b"X"):
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        children.setdefault(int(fields[1]), []).append((int(entry), fields[0] in (b"Z", b"X")))
     found, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
+        for child, dead in children.get(todo.pop(), []):
+            if not dead:
+                found.append(child)
             todo.append(child)
     return found
 
