@@ -37,7 +37,7 @@ from pathlib import Path
 
 from labutils.course.collective_log import CollectiveCall, CollectiveLog, count_all_reduces
 from labutils.course.spans import busy_seconds, overlap_seconds, trace_spans
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 
 __all__ = [
     "BucketCall", "BucketRecorder", "record_hook", "LayerSpan", "BackwardTimer",
@@ -316,10 +316,10 @@ def predict_buckets(sizes: Sequence[int], *, cap_bytes: int,
     for name, value in (("cap_bytes", cap_bytes), ("first_cap_bytes", first_cap_bytes)):
         if value is None and name == "first_cap_bytes":
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not whole_number(value) or value < 1:
             raise InputError(name, expected="a whole number of bytes >= 1", given=value,
                              fix="pass e.g. int(bucket_cap_mb * 2**20)")
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
+    if any(not whole_number(s) or s < 0 for s in sizes):
         raise InputError("sizes", expected="whole numbers of bytes >= 0", given=list(sizes),
                          fix="pass p.numel() * p.element_size() per gradient")
     buckets: list[list[int]] = []

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 
 __all__ = ["ownership", "Coverage", "coverage"]
 
@@ -79,7 +79,7 @@ def coverage(shards: Mapping[int, Sequence[int]], *, n_items: int) -> Coverage:
         shards: {rank: items that rank saw in the epoch}.
         n_items: the dataset's length; items are 0 .. n_items-1.
     """
-    if isinstance(n_items, bool) or not isinstance(n_items, int) or n_items < 0:
+    if not whole_number(n_items) or n_items < 0:
         raise InputError("n_items", expected="a whole number >= 0", given=n_items,
                          fix="pass len(dataset)")
     if not isinstance(shards, Mapping):
@@ -91,7 +91,7 @@ def coverage(shards: Mapping[int, Sequence[int]], *, n_items: int) -> Coverage:
             raise InputError(f"shards[{rank!r}]", expected="a list of item indices", given=items,
                              fix="pass the indices the rank saw")
         for i in items:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_items:
+            if not whole_number(i) or not 0 <= i < n_items:
                 raise InputError(f"shards[{rank!r}]", expected=f"indices in 0..{n_items - 1}",
                                  given=list(items), fix="check n_items against the dataset")
         counts.update(items)

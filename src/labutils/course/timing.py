@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 
 __all__ = [
     "BUSBW_FACTORS", "busbw_factor", "algbw", "busbw", "time_calls", "median",
@@ -41,7 +41,7 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
 
 
 def _whole(name: str, value, minimum: int, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not whole_number(value) or value < minimum:
         raise InputError(name, expected=f"a whole number >= {minimum}", given=value, fix=fix)
     return value
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from labutils.errors import InputError
+from labutils.errors import InputError, whole_number
 from labutils.course.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format_rate, format_seconds
 
 __all__ = [
@@ -282,7 +282,7 @@ def plot_loss_across_restarts(
 def _seconds_by_ranks(times) -> bool:
     """Whether times is {ranks >= 1: seconds > 0}."""
     return isinstance(times, Mapping) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 1
+        whole_number(n) and n >= 1
         and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for n, t in times.items())
 
 
