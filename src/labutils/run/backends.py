@@ -69,6 +69,9 @@ class LocalAgents:
                 env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)},
             )
 
+    def tick(self, now: float) -> None:
+        """Nothing to renew: the agents are this launcher's children."""
+
     def any_alive(self) -> bool:
         return any(a.alive() for a in self.agents)
 
@@ -146,6 +149,7 @@ class SlurmJob:
         self.commands: list[list[str]] = []
         self._state_at = 0.0
         self._lease_at = 0.0
+        self._exit_code: int | None = None
 
     def node_command(self, node) -> list[str]:
         """One node's `labutils launch` (node's fields are the batch script's shell values)."""
@@ -211,7 +215,10 @@ class SlurmJob:
 
     @property
     def exit_code(self) -> int | None:
-        return self.job.exit_code() if self.job is not None else None
+        """The job's exit code (sacct), asked once the job has left the queue."""
+        if self._exit_code is None and self.job is not None:
+            self._exit_code = self.job.exit_code()
+        return self._exit_code
 
     def failed(self) -> bool:
         """The job ended some other way than COMPLETED with exit code 0."""

@@ -187,8 +187,7 @@ class Run:
                 return
             if now - last_tick >= TICK_S:
                 self.display.tick()
-                if isinstance(self.backend, SlurmJob):
-                    self.backend.tick(now)
+                self.backend.tick(now)
                 self._note_waiting_for_nodes(now)
                 last_tick = now
             time.sleep(POLL_S)

@@ -131,30 +131,21 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def stop_processes(pids: Iterable[int], *, grace_s: float = 2.0,
-                   supervisors: Iterable[int] = ()) -> list[int]:
+def stop_processes(pids: Iterable[int], *, grace_s: float = 2.0) -> list[int]:
     """Two-stage stop: SIGTERM to every process (and its group), wait, then SIGKILL.
 
     Args:
         pids: the processes to stop.
         grace_s: how long they may take after SIGTERM before SIGKILL.
-        supervisors: processes among pids whose only job is to watch the others
-            (torchrun agents): they get SIGTERM too, but once every other process is
-            gone they get SIGKILL at once instead of the rest of the grace period
-            (an agent takes about 2 s to wind down a rendezvous nobody needs).
 
     Returns the pids that were still alive when SIGKILL was sent.
     """
     pids = [p for p in dict.fromkeys(pids) if p and p > 1 and p != os.getpid()]
-    supervisors = set(supervisors)
-    workers = [p for p in pids if p not in supervisors]
     signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if not any(pid_alive(p) for p in pids):
             return []
-        if supervisors and not any(pid_alive(p) for p in workers):
-            break
         time.sleep(0.02)
     stubborn = [p for p in pids if pid_alive(p)]
     signal_all(stubborn, signal.SIGKILL)
