@@ -36,21 +36,32 @@ def _ours(pid: str) -> bool:
     return SESSION_TOKEN.encode() in _environ(pid)
 
 
+SERVER = "labutils.runtime.server"
+
+
 def distributed_pids() -> list[str]:
     """Processes of ours that must not outlive a test: torchrun agents, ranks, and
-    whatever a rank started (they all inherit the run folder's variable)."""
-    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    whatever a rank started (they all inherit the run folder's variable); and what a
+    warm server forked (keepers, agents and ranks of warm runs carry the server's
+    command line: any process with it whose parent has it too, or that lost its parent).
+    A warm server itself lives as long as its caller, this test session."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True,
+                         text=True).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
+    args = {row[0]: row[3] if len(row) > 3 else "" for row in rows}
     found = []
-    for line in out.splitlines()[1:]:
-        pid, stat = line.split()[:2]
+    for pid, ppid, stat, *rest in rows:
+        line = rest[0] if rest else ""
         if stat.startswith("Z") or "ps -eo" in line:
             continue
         named = ("labutils.runtime.agent" in line or "labutils.runtime.worker" in line
                  or "torch.distributed.run" in line)
+        if SERVER in line:
+            named = SERVER in args.get(ppid, "") or ppid == "1" or ppid not in args
         environ = _environ(pid)
         in_a_run = any(v.startswith(b"LABUTILS_RUN_DIR=") for v in environ)
         if (named or in_a_run) and SESSION_TOKEN.encode() in environ:
-            found.append(line.strip())
+            found.append(f"{pid} {stat} {line}".strip())
     return found
 
 

@@ -21,6 +21,7 @@ from labutils.run.attempts import RankState
 from labutils.run.nodes import LEASE_RENEW_S
 from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, torchrun_command
+from labutils.run.warm import Keeper, WarmUnavailable, cold_reason, server_for
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
 
@@ -39,7 +40,7 @@ class Agent:
     index: int
     command: list[str]
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | Keeper | None = None
     stopped_by_fault: dict | None = None
 
     def alive(self) -> bool:
@@ -54,20 +55,41 @@ class LocalAgents:
     def __init__(self, spec: LaunchSpec, run_dir: Path, token: str, *, port: int,
                  run_id: str) -> None:
         self.spec = spec
-        self.agents = [Agent(i, torchrun_command(spec, port=port, run_id=run_id, agent=i),
-                             runfiles.agent_log_path(run_dir, token or i))
+        self.port, self.run_id = port, run_id
+        # "warm" (forked from this caller's warm server, run/warm.py) or "cold"; why cold
+        self.start_reason = cold_reason(spec)
+        self.start_kind = "cold" if self.start_reason else "warm"
+        self.agents = [Agent(i, [], runfiles.agent_log_path(run_dir, token or i))
                        for i in range(spec.local_agents)]
+        self._commands()
+
+    def _commands(self) -> None:
+        for agent in self.agents:
+            agent.command = torchrun_command(self.spec, port=self.port, run_id=self.run_id,
+                                             agent=agent.index, warm=self.start_kind == "warm")
         self.command = self.agents[0].command
         self.commands = [a.command for a in self.agents]
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
+        server = None
+        if self.start_kind == "warm":
+            try:
+                server, started = server_for(env)
+                if started:
+                    self.start_reason = started
+            except WarmUnavailable as exc:
+                self.start_kind, self.start_reason = "cold", str(exc)
+                self._commands()
+                note(f"starting cold: {exc}")
         for agent in self.agents:
+            agent_env = {**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)}
+            if server is not None:
+                agent.proc = server.start(agent.command[3:], agent_env, agent.log_path)
+                continue
             log = logs.enter_context(open(agent.log_path, "wb"))
             agent.proc = subprocess.Popen(
                 agent.command, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                env={**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)},
-            )
+                stderr=subprocess.STDOUT, start_new_session=True, env=agent_env)
 
     def tick(self, now: float) -> None:
         """Nothing to renew: the agents are this launcher's children."""
@@ -136,6 +158,8 @@ class SlurmJob:
     """
 
     shared = True  # the ranks run on the cluster's nodes
+    start_kind = "cold"
+    start_reason = "a SLURM job's nodes start cold"
 
     def __init__(self, spec: LaunchSpec, run_dir: Path, options: dict | None, nodes) -> None:
         self.spec = spec
@@ -161,7 +185,7 @@ class SlurmJob:
             rdzv_endpoint=node.rdzv_endpoint, rdzv_id=self.run_dir.name,
             log_dir=str(self.run_dir.parent), backend=spec.backend, hang_timeout=None,
             max_restarts=spec.max_restarts, timeout=spec.timeout, fault=spec.fault,
-            args=node.args)]
+            warm=False, args=node.args)]
 
     def batch_script(self) -> str:
         from labutils.cluster.slurm import sbatch_script

@@ -21,7 +21,7 @@ import signal
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labutils.runtime.frames import is_bootstrap, is_library
+from labutils.runtime.frames import is_library, script_depth
 from labutils.runtime.runfiles import relative_path, short_path
 
 # Messages of ranks that failed only because a peer went away first.
@@ -281,8 +281,7 @@ def analyse_hang(
     stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
     for rank in sorted(dumps):
         frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
-        while frames and is_bootstrap(frames[-1].file):  # runpy and worker.py under the script
-            frames.pop()
+        frames = frames[:script_depth([f.file for f in frames])]  # what runs the script
         frames_of[rank] = frames
         stacks[rank] = "\n".join(
             f'  File "{short_path(f.file)}", line {f.line} in {f.func}' for f in frames

@@ -89,10 +89,6 @@ class Run:
         """Start, follow and end the run; the result (KeyboardInterrupt re-raised after
         every rank is stopped and the summary written)."""
         spec = self.spec
-        if self.backend.commands:
-            name = f"command-{self.token}.txt" if self.token else "command.txt"
-            (self.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
-                                                         self.backend.commands) + "\n")
         env, net_note = {**os.environ, **self.request.env}, self._net_note
         self.t0 = self.last_activity = time.monotonic()
         interrupted = False
@@ -108,6 +104,7 @@ class Run:
         with contextlib.ExitStack() as logs:
             try:
                 self.backend.start(env, logs, self.display.note)
+                self._write_commands()
                 self._follow()
             except KeyboardInterrupt:
                 interrupted = True
@@ -128,6 +125,13 @@ class Run:
         if interrupted:
             raise KeyboardInterrupt(f"run interrupted; every rank was stopped. {result.headline()}")
         return result
+
+    def _write_commands(self) -> None:
+        """command.txt: each agent's torchrun command as started (warm or cold)."""
+        if self.backend.commands:
+            name = f"command-{self.token}.txt" if self.token else "command.txt"
+            (self.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
+                                                         self.backend.commands) + "\n")
 
     def _environment(self) -> tuple[dict[str, str], str | None]:
         """The variables the run sets on top of the caller's environment, and a line

@@ -48,6 +48,7 @@ def launch(
     rdzv_id: str | None = None,
     scheduler: str | None = None,
     slurm: dict | None = None,
+    warm: bool = True,
 ) -> RunResult:
     """Run ``script`` on ``nproc`` ranks with torchrun and return what happened.
 
@@ -101,6 +102,11 @@ def launch(
             be one the cluster's nodes share with this machine.
         slurm: sbatch settings for scheduler="slurm": partition, time_limit
             ("HH:MM:SS", default 00:30:00), gpus_per_node, cpus_per_task, job_name.
+        warm: fork the run's torchrun agents from this caller's warm server, which
+            has imported torch once, and let them fork the ranks (a run in about a
+            second instead of several); False starts cold, a new interpreter each.
+            Runs where it does not apply start cold by themselves (jobs across
+            machines, SLURM, GPUs); result.start and .start_reason say which and why.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the
@@ -110,7 +116,7 @@ def launch(
                    timeout=timeout, max_restarts=max_restarts, log_dir=log_dir, display=display,
                    env=env, fault=fault, nnodes=nnodes, local_agents=local_agents,
                    rdzv_conf=rdzv_conf, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                   rdzv_id=rdzv_id, scheduler=scheduler, slurm=slurm).run()
+                   rdzv_id=rdzv_id, scheduler=scheduler, slurm=slurm, warm=warm).run()
 
 
 SCHEDULERS = (None, "slurm")

@@ -52,6 +52,7 @@ class Flag:
     choices: tuple | None = None
     metavar: str | None = None
     exclusive: bool = False  # one of its option's mutually exclusive flags
+    action: str | None = None  # argparse's action, e.g. "store_true" (then no type)
 
     @property
     def dest(self) -> str:
@@ -214,6 +215,10 @@ OPTIONS: tuple[Option, ...] = (
                                     "(default auto)", choices=BACKENDS),), magic=True),
     Option("log_dir", None, (Flag(("--log-dir",), "where run folders go (default ./runs)"),),
            magic=True),
+    Option("warm", True, (Flag(("--cold",), "start cold: a new interpreter for the agent and "
+                               "every rank, not forks of this caller's warm server",
+                               action="store_true", default=False),),
+           magic=True, read=lambda ns: not ns.cold, words=lambda warm: [] if warm else ["--cold"]),
     Option("display", "auto"),  # the CLI always shows text; %%torchrun has its own --display
     Option("env", None),
 )
@@ -238,7 +243,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, magic: bool = False
                 exclusive = where.add_mutually_exclusive_group()
             default = option.default if len(option.flags) == 1 else flag.default
             settings = {"help": flag.help, "type": flag.type, "default": default,
-                        "choices": flag.choices, "metavar": flag.metavar}
+                        "choices": flag.choices, "metavar": flag.metavar, "action": flag.action}
+            if flag.action:
+                settings.update(type=None, default=flag.default)
             (exclusive if flag.exclusive else where).add_argument(
                 *flag.names, **{k: v for k, v in settings.items() if v not in (None, REQUIRED)})
 

@@ -32,6 +32,9 @@ _AGENT_FAILURE_RE = re.compile(
 )
 # torchrun's log line the moment it sees a worker fail: the exit code, by pid.
 _WORKER_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+# With a function entry point (a warm run's forked ranks) torchrun lists only the first
+# failed rank; it logs the signal it sends each rank still running when it ends them.
+_WORKER_SIGNALLED_RE = re.compile(r"(?:Terminating|Closing) process (\d+) via signal (SIG[A-Z]+)")
 
 
 def agent_rank_codes(agent_text: str) -> dict[int, int]:
@@ -47,6 +50,9 @@ def worker_exit_codes(logs: list[Path]) -> dict[int, int]:
             text = path.read_text(errors="replace")
         except OSError:
             continue
+        codes.update({int(pid): -signal.Signals[name].value
+                      for pid, name in _WORKER_SIGNALLED_RE.findall(text)
+                      if name in signal.Signals.__members__})
         codes.update({int(pid): int(code) for code, pid in _WORKER_FAILED_RE.findall(text)})
     return codes
 
@@ -198,6 +204,10 @@ def final_result(run) -> RunResult:
                 run.set_state(r, "killed" if agent_codes[r.rank] == -signal.SIGTERM
                               else "failed")
             r.exit_code = agent_codes[r.rank]
+    seen = worker_exit_codes(logs)  # a warm run's torchrun lists only the first failure
+    for r in members:
+        if r.exit_code is None and r.pid in seen:
+            r.exit_code = seen[r.pid]
     failure = None
     if run.reason == "failed":
         failure = failure_of(run, run.fold.index, {r.rank: r.exit_code for r in members},
@@ -236,4 +246,5 @@ def final_result(run) -> RunResult:
         reason=run.reason, script=str(run.spec.script), command=run.backend.command,
         commands=run.backend.commands, agent_exit_code=run.backend.exit_code,
         ownership=ownership_mode() if run.backend.agents else None,
+        start=run.backend.start_kind, start_reason=run.backend.start_reason,
     )

@@ -92,6 +92,11 @@ class RunResult:
     # ends whatever the ranks start, daemons included) or "process-tree" (the tree the
     # launcher can see); None when the nodes ran elsewhere (SLURM).
     ownership: str | None = None
+    # How the agents started: "warm" (forked from this caller's warm server, torch
+    # already imported) or "cold" (a new interpreter each); and why, when it is cold or
+    # a warm server had to be started for it (labutils.run.warm).
+    start: str | None = None
+    start_reason: str | None = None
 
     @property
     def restarts(self) -> int:
@@ -128,6 +133,7 @@ class RunResult:
             "records": self.records,
             **({"cluster": self.cluster} if self.cluster else {}),
             **({"ownership": self.ownership} if self.ownership else {}),
+            **({"start": self.start, "start_reason": self.start_reason} if self.start else {}),
         }
 
     def write_json(self, path: str | os.PathLike) -> None:

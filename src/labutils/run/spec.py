@@ -36,6 +36,8 @@ __all__ = [
     "runs_root", "torchrun_command",
 ]
 
+# The worker bootstrap as a file: a warm agent runs it by path in each forked rank.
+WORKER_PATH = str(Path(runfiles.__file__).with_name("worker.py"))
 MAX_NPROC = 64  # per node; more than this on one machine is a typo, not a plan
 BACKENDS = ("auto", "gloo", "nccl")
 ENV_RUNS_DIR = runfiles.ENV_RUNS_DIR
@@ -76,6 +78,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None  # "host:port" every node of the job reaches
     rdzv_id: str | None = None        # the job's name, also the shared run folder's name
     node_rank: int | None = None      # this node's rank (static rendezvous), or None
+    warm: bool = True  # start from the caller's warm server where it applies (run/warm.py)
 
     @property
     def multinode(self) -> bool:
@@ -148,6 +151,7 @@ def make_spec(
     rdzv_endpoint: str | None = None,
     rdzv_id: str | None = None,
     node_rank: int | None = None,
+    warm: bool = True,
 ) -> LaunchSpec:
     """Check every input; raise LaunchConfigError with a one-line fix on the first bad one.
 
@@ -167,6 +171,7 @@ def make_spec(
         rdzv_endpoint: "HOST:PORT" of a job across machines (check_multinode).
         rdzv_id: that job's name.
         node_rank: this node's rank in it; None: c10d.
+        warm: fork the run from a warm server where it applies; False: start cold.
     """
     if not whole_number(nproc) or nproc < 1:
         raise LaunchConfigError("nproc", expected="a whole number of ranks >= 1", given=nproc,
@@ -198,6 +203,9 @@ def make_spec(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise LaunchConfigError("env", expected="a dict of str to str", given=env,
                                 fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
+    if not isinstance(warm, bool):
+        raise LaunchConfigError("warm", expected="True or False", given=warm,
+                                fix="pass warm=False to start cold, or leave it out")
     multinode = rdzv_endpoint is not None
     min_nodes, max_nodes, agents = check_nnodes(nnodes, local_agents, multinode=multinode)
     endpoint, job, node = check_multinode(rdzv_endpoint, rdzv_id, node_rank, min_nodes, max_nodes)
@@ -217,7 +225,7 @@ def make_spec(
                       hang_timeout=hang or None, timeout=wall, max_restarts=max_restarts,
                       env=dict(env or {}), faults=faults, min_nodes=min_nodes,
                       max_nodes=max_nodes, local_agents=agents, rdzv_conf=conf,
-                      rdzv_endpoint=endpoint, rdzv_id=job, node_rank=node)
+                      rdzv_endpoint=endpoint, rdzv_id=job, node_rank=node, warm=warm)
 
 
 def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
@@ -257,7 +265,8 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
     return run_dir
 
 
-def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0) -> list[str]:
+def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0,
+                     warm: bool = False) -> list[str]:
     """One agent's argument list (never a shell string).
 
     Every agent of a run on this machine gets the same rendezvous endpoint and id;
@@ -271,6 +280,9 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         port: the rendezvous port on this machine (runs on this machine only).
         run_id: the rendezvous id of a run on this machine.
         agent: which of this machine's agents (agent 0 hosts the rendezvous).
+        warm: the agent is forked from a warm server (labutils.run.warm): it starts the
+            ranks with torchrun's function entry point (--run-path, the worker bootstrap
+            run by path) and start method fork instead of a new interpreter each.
     """
     endpoint, rdzv_id, backend = f"127.0.0.1:{port}", run_id, "c10d"
     node = []
@@ -297,7 +309,9 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         *rdzv,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
-        "-m", "labutils.runtime.worker", str(spec.script), *spec.args,
+        *(["--run-path", "--start-method", "fork", WORKER_PATH] if warm
+          else ["-m", "labutils.runtime.worker"]),
+        str(spec.script), *spec.args,
     ]
 
 

@@ -42,7 +42,11 @@ def run_agent(argv: list[str], keeper: int) -> None:
     die_with_parent(keeper)
     os.environ[ENV_AGENT_PID] = str(os.getpid())
     sys.argv = ["torchrun", *argv]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    torchrun = sys.modules.get("torch.distributed.run")
+    if torchrun is not None:  # forked from a warm server (server.py): already imported
+        torchrun.main(argv)
+    else:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     sys.exit(0)
 
 

@@ -26,3 +26,15 @@ def is_library(path: str) -> bool:
         or "/lib/python3" in path or path.startswith((sys.base_prefix, sys.prefix))
         or is_bootstrap(path)
     )
+
+
+def script_depth(files: list[str]) -> int:
+    """How many frames of a stack (innermost first) are the script's own and what it
+    called: the frames under the script (runpy, the worker bootstrap, and in a warm
+    run's forked rank, multiprocessing and torchrun's function entry point below
+    them) are cut at the innermost frame of the worker bootstrap."""
+    worker = [i for i, f in enumerate(files) if f.endswith("labutils/runtime/worker.py")]
+    depth = worker[0] if worker else len(files)
+    while depth and is_bootstrap(files[depth - 1]):
+        depth -= 1
+    return depth

@@ -213,6 +213,26 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _wind_down() -> None:
+    """What matters of a normal exit, in order: wait for the script's non-daemon
+    threads, run its atexit handlers, flush every open file."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    # Files the script left open: write their buffers. issubclass on the type, not
+    # isinstance on the object: some objects warn when their __class__ is read.
+    for obj in gc.get_objects():
+        if issubclass(type(obj), io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a broken file must not stop the exit
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def finish(code: int) -> None:
     """End this rank's process with `code`, skipping the interpreter's teardown.
 
@@ -222,29 +242,65 @@ def finish(code: int) -> None:
     fine, dist.destroy_process_group() included, occasionally died there with
     SIGABRT ("terminate called without an active exception": 2 of about 75 runs
     of lesson 05's training script on gloo, always after the script's last line).
-    So do what matters of a normal exit, in order: wait for the script's
-    non-daemon threads, run its atexit handlers, flush every open file, and leave
-    with os._exit().
+    So do what matters of a normal exit (_wind_down) and leave with os._exit().
     """
     try:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-        # Files the script left open: write their buffers. issubclass on the type, not
-        # isinstance on the object: some objects warn when their __class__ is read.
-        for obj in gc.get_objects():
-            if issubclass(type(obj), io.IOBase):
-                try:
-                    if not obj.closed and obj.writable():
-                        obj.flush()
-                except Exception:  # noqa: BLE001 - a broken file must not stop the exit
-                    pass
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _wind_down()
     finally:
         os._exit(code)
 
 
+def forked_rank() -> bool:
+    """This rank is a fork of a warm run's torchrun agent (runtime/server.py): it runs
+    inside torchrun's function entry point, a multiprocessing child."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
+
+
+def fresh_start() -> None:
+    """Undo in a forked rank what it inherited that a fresh interpreter has not.
+
+    The signal handlers torchrun's agent installed (SIGTERM would raise an exception
+    in the script instead of ending the rank), a blocked signal mask, the server's and
+    the agent's weakref finalizers and multiprocessing identity (this rank is a main
+    process, as in a cold run), and TORCH_DISTRIBUTED_DEBUG, which torch reads when
+    torch.distributed is imported (the server imported it before the run's variables
+    were set). stdout and stderr are already unbuffered: the server runs with -u, as
+    torchrun runs a cold rank.
+    """
+    import multiprocessing.process as mp_process
+    import weakref
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGALRM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for finalizer in list(weakref.finalize._registry):
+        finalizer.detach()
+    me = mp_process.current_process()  # made what a main process's own object is
+    me._config = {"authkey": mp_process.AuthenticationString(os.urandom(32)),
+                  "semprefix": "/mp"}
+    me._name, me._identity, me._parent_pid, me._parent_name = "MainProcess", (), None, None
+    mp_process._parent_process = None
+    mp_process._children = set()
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and hasattr(distributed, "set_debug_level_from_env"):
+        distributed.set_debug_level_from_env()
+
+
+def finish_forked(code: int) -> None:
+    """End a forked rank: _wind_down, then return into torchrun's function entry point
+    (its agent counts a rank as done when the function returns), or SystemExit(code)."""
+    _wind_down()
+    atexit._clear()
+    if code:
+        raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    finish(main())
+    if forked_rank():
+        fresh_start()
+        finish_forked(main())
+    else:
+        finish(main())

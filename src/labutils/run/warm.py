@@ -1,0 +1,324 @@
+"""Warm start: a run's torchrun agents forked from a server that has imported torch.
+
+A cold run pays one interpreter start and one ``import torch`` for the torchrun agent
+and again for every rank (about a second each on a laptop core). A warm run asks this
+caller's server (runtime/server.py), a process started once that has imported torch
+and the worker bootstrap, to fork the run's keepers; their torchrun agents start the
+ranks with torchrun's own function entry point and start method ``fork``. torchrun
+still does the rendezvous and starts, watches, stops and restarts the ranks; the run
+folder, events, stacks, diagnosis and ownership are those of a cold run.
+
+Where a warm start does not apply, the run starts cold and says why
+(``result.start``, ``result.start_reason``):
+
+- ``warm=False`` / ``labutils launch --cold``;
+- a node of a job across machines, or a SLURM job (each node starts its own agents);
+- a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU):
+  the course has tested warm starts on CPU only;
+- not Linux (fork, /proc and the subreaper are Linux's);
+- the server could not be started (its last words are in the reason).
+
+A server serves one caller (a notebook kernel, a `labutils launch`, a grader's check
+process) and dies with it. What a rank reads only when it starts an interpreter or
+imports torch (PYTHON*, OMP_*, MKL_*, TORCH_* ..., see import_env) is fixed when its
+server starts, so servers are keyed by those variables: a run whose values differ
+from every server's gets a server of its own (at most MAX_SERVERS are kept; an idle
+one is retired). A server whose torch or labutils files changed on disk since it
+started is retired too, and one that died is replaced.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from labutils.run.spec import LaunchSpec
+from labutils.runtime import runfiles
+from labutils.runtime.procs import pid_alive
+
+MAX_SERVERS = 2
+READY_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core machine can take 10 s and more
+CALL_TIMEOUT_S = 30.0
+# Variables read when an interpreter starts or when torch (and what it loads: OpenMP,
+# MKL, OpenBLAS) is imported: a forked rank sees the values its server started with.
+IMPORT_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_",
+                   "GOTO_", "NUMEXPR_", "CUDA_", "LD_", "MALLOC_")
+# ...except these, read when the agent or a process group starts, or read again by the
+# worker bootstrap in a forked rank (TORCH_DISTRIBUTED_DEBUG, runtime/worker.py).
+READ_AT_RUN = ("TORCHELASTIC_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_DISTRIBUTED_DEBUG",
+               "TORCH_NCCL_", "TORCH_GLOO_")
+# The launcher's variables of one run: never part of a server's own environment.
+PER_RUN = (runfiles.ENV_RUN_DIR, runfiles.ENV_PARENT_PID, runfiles.ENV_AGENT_INDEX,
+           runfiles.ENV_AGENT_PID, runfiles.ENV_NODE, runfiles.ENV_FAULT, runfiles.ENV_BACKEND,
+           runfiles.ENV_LINK)
+
+
+class WarmUnavailable(RuntimeError):
+    """No warm server could serve this run; the message is the reason, for result.start_reason."""
+
+
+def cold_reason(spec: LaunchSpec) -> str | None:
+    """Why this run must start cold, or None when a warm start applies."""
+    if not spec.warm:
+        return "warm=False"
+    if spec.multinode:
+        return "a node of a job across machines starts cold"
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return "warm start needs Linux (fork, /proc)"
+    if spec.backend == "nccl" or (spec.backend == "auto" and _has_gpu()):
+        return "a GPU run starts cold (warm start is tested on CPU only)"
+    return None
+
+
+def _has_gpu() -> bool:
+    """An NVIDIA GPU on this machine, without importing torch."""
+    try:
+        return any(Path("/proc/driver/nvidia/gpus").iterdir())
+    except OSError:
+        return False
+
+
+def import_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables of env a forked rank would see with its server's values."""
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_PREFIXES) and not k.startswith(READ_AT_RUN)}
+
+
+def install_stamp() -> tuple:
+    """What changes when torch or labutils is installed or edited: the newest
+    modification time and the number of labutils' modules, torch's version file."""
+    import labutils
+
+    root = Path(labutils.__file__).parent
+    times = [p.stat().st_mtime_ns for p in root.rglob("*.py")]
+    torch_dir = _torch_dir()
+    torch_files = [torch_dir / "version.py", torch_dir / "__init__.py"] if torch_dir else []
+    return (max(times, default=0), len(times),
+            tuple(p.stat().st_mtime_ns for p in torch_files if p.exists()))
+
+
+def _torch_dir() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def _diff(wanted: dict[str, str], have: dict[str, str]) -> str:
+    names = sorted(k for k in set(wanted) | set(have) if wanted.get(k) != have.get(k))
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+class Server:
+    """One warm server process and the socket to it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.import_env = import_env(env)
+        self.stamp = install_stamp()
+        self.lock = threading.Lock()
+        self.keepers: set[int] = set()  # keepers started and not yet seen to end
+        self.used = time.monotonic()
+        mine, theirs = socket.socketpair()
+        self.errors = tempfile.TemporaryFile()  # the server's stderr, read if it fails
+        env = {k: v for k, v in env.items() if k not in PER_RUN}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "labutils.runtime.server", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=self.errors, env=env, start_new_session=True)
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.reader = mine.makefile("rb")
+        self.pid: int | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait for the server's first line (torch imported); WarmUnavailable if it dies."""
+        if self.pid is not None:
+            return
+        with self.lock:
+            hello = self._read(timeout)
+        if not hello.get("ready"):
+            raise WarmUnavailable(f"the warm server did not start: {self.last_words()}")
+        self.pid = hello["pid"]
+
+    def last_words(self) -> str:
+        try:
+            self.errors.seek(0)
+            lines = self.errors.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        return lines[-1] if lines else f"exit code {self.proc.poll()}"
+
+    def _read(self, timeout: float) -> dict:
+        self.sock.settimeout(timeout)
+        try:
+            line = self.reader.readline()
+        except (OSError, ValueError):
+            line = b""
+        if not line:
+            self.close()
+            return {}
+        return json.loads(line)
+
+    def call(self, request: dict) -> dict:
+        """One request and its answer; WarmUnavailable when the server is gone."""
+        self.ready()
+        with self.lock:
+            try:
+                self.sock.sendall(json.dumps(request).encode() + b"\n")
+            except OSError:
+                self.close()
+                raise WarmUnavailable(f"the warm server is gone: {self.last_words()}") from None
+            reply = self._read(CALL_TIMEOUT_S)
+        if not reply:
+            raise WarmUnavailable(f"the warm server is gone: {self.last_words()}")
+        if "error" in reply:
+            raise WarmUnavailable(f"the warm server refused: {reply['error']}")
+        return reply
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> Keeper:
+        env = {**env, runfiles.ENV_PARENT_PID: str(self.pid)}  # the keeper's starter
+        reply = self.call({"op": "start", "argv": argv, "env": env, "cwd": os.getcwd(),
+                           "log": str(log_path)})
+        self.used = time.monotonic()
+        self.keepers.add(reply["pid"])
+        return Keeper(self, reply["pid"], argv)
+
+    def busy(self) -> bool:
+        return bool(self.keepers)
+
+    def close(self) -> None:
+        """End the server (its idle state has nothing to save); closing the socket is
+        enough, the kill makes sure."""
+        for f in (self.reader, self.sock):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class Keeper:
+    """A keeper forked by a server: what LocalAgents needs of a subprocess.Popen."""
+
+    def __init__(self, server: Server, pid: int, args: list[str]) -> None:
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self.server.call({"op": "poll", "pid": self.pid})["code"]
+            except WarmUnavailable:
+                # Its server is gone, and with it the keeper, which ends its tree.
+                self.returncode = None if pid_alive(self.pid) else -signal.SIGKILL
+            if self.returncode is not None:
+                self.server.keepers.discard(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+_servers: list[Server] = []
+_owner = os.getpid()
+_lock = threading.Lock()
+
+
+def server_for(env: dict[str, str]) -> tuple[Server, str | None]:
+    """This caller's server for a run with environment env, started if needed; and a
+    note when a server had to be started. WarmUnavailable when none can serve."""
+    global _owner
+    with _lock:
+        if _owner != os.getpid():  # a forked copy of the caller: its servers are not ours
+            _servers.clear()
+            _owner = os.getpid()
+        wanted, stamp = import_env(env), install_stamp()
+        note = None
+        for server in list(_servers):
+            if not server.alive():
+                _servers.remove(server)
+                note = "a new warm server (the last one was gone)"
+            elif server.stamp != stamp and not server.busy():
+                _servers.remove(server)
+                server.close()
+                note = "a new warm server (torch or labutils changed on disk)"
+        for server in _servers:
+            if server.import_env == wanted and server.stamp == stamp:
+                server.used = time.monotonic()
+                return server, None
+        idle = sorted((s for s in _servers if not s.busy()), key=lambda s: s.used)
+        while len(_servers) >= MAX_SERVERS and idle:
+            old = idle.pop(0)
+            _servers.remove(old)
+            old.close()
+        if note is None:
+            note = "a new warm server" + (
+                f" ({_diff(wanted, _servers[0].import_env)} differ from the other's)"
+                if _servers else "")
+        server = Server(env)
+        _servers.append(server)
+    try:
+        server.ready()
+    except WarmUnavailable:
+        with _lock:
+            if server in _servers:
+                _servers.remove(server)
+        raise
+    return server, note
+
+
+def prestart(env: dict[str, str] | None = None) -> None:
+    """Start a server in the background for runs of several ranks (OMP_NUM_THREADS=1,
+    as the launcher sets it), so a kernel's first run is warm too. Never raises."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        with _lock:
+            if any(s.import_env == import_env(env) for s in _servers):
+                return
+            if len(_servers) < MAX_SERVERS:
+                _servers.append(Server(env))
+    except OSError:
+        pass
+
+
+def servers() -> list[Server]:
+    """This caller's servers (for tests and the benchmark)."""
+    return list(_servers)
+
+
+@atexit.register
+def _close_all() -> None:
+    if _owner == os.getpid():
+        for server in _servers:
+            try:
+                server.close()
+            except OSError:
+                pass

@@ -1,0 +1,162 @@
+"""The warm server: one per caller, torch already imported, the fork point of warm runs.
+
+A cold run starts ``python -m labutils.runtime.agent`` (the keeper), whose torchrun
+agent starts every rank as a fresh interpreter: torch is imported once per process,
+about a second each. A warm run starts the same keeper and the same torchrun agent by
+forking them from this server, which has imported torch and the worker bootstrap
+once, and the agent starts the ranks with torchrun's own function entry point
+(``--run-path``) and start method ``fork``: torchrun still rendezvouses, starts,
+watches, stops and restarts the ranks, only no process imports torch again.
+
+The launcher (labutils.run.warm) starts ``python -u -m labutils.runtime.server FD``
+in a session of its own, FD being its end of a socket pair. Messages are JSON
+lines; the server answers each request in order:
+
+    (first, unasked)  {"ready": true, "pid": P, "threads": T}
+    {"op": "start", "argv": [...], "env": {...}, "cwd": D, "log": F}  ->  {"pid": K}
+        fork a keeper (runtime/agent.py) in a new session, fd 0 from /dev/null, fd 1
+        and 2 to F, in D, with exactly env, running torchrun with argv
+    {"op": "poll", "pid": K}  ->  {"code": None | exit code | -signal}
+
+The server is single-threaded whenever it forks: it never runs torch code (importing
+torch starts at most OpenBLAS's idle thread server, which OpenBLAS stops itself
+before every fork) and never runs a learner's code; every run is a fork of the
+same pristine process, so nothing one run does reaches the next. It exits when its
+caller closes the socket or dies (its parent changes); the keepers it forked then
+see their parent change and end their runs (runtime/agent.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import socket
+import sys
+import traceback
+
+from labutils.runtime import agent
+
+# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker.
+PRELOAD = ("torch", "torch.distributed.run", "labutils.runtime.worker")
+PARENT_CHECK_S = 0.1
+
+
+def threads() -> int:
+    """Threads of this process (Linux; 1 elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def returncode(status: int) -> int:
+    """A wait status as subprocess gives it: the exit code, or -signal."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def start_keeper(request: dict, conn: socket.socket) -> int:
+    """Fork a keeper for one agent of a run; its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: become what `subprocess.Popen(start_new_session=True)` would start
+        conn.close()
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null), os.close(log)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        agent.main(request["argv"])
+        code = 0
+    except SystemExit as exc:  # the torchrun agent (the keeper's child) ending
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - whatever went wrong goes to the agent's log
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    os._exit(code)
+
+
+class Server:
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.codes: dict[int, int] = {}
+        self.buffer = b""
+
+    def send(self, message: dict) -> None:
+        self.conn.sendall(json.dumps(message).encode() + b"\n")
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.codes[pid] = returncode(status)
+
+    def answer(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "start":
+            return {"pid": start_keeper(request, self.conn)}
+        if op == "poll":
+            self.reap()
+            return {"code": self.codes.get(int(request["pid"]))}
+        return {"error": f"unknown request {op!r}"}
+
+    def serve(self, starter: int) -> None:
+        while os.getppid() == starter:
+            readable, _, _ = select.select([self.conn], [], [], PARENT_CHECK_S)
+            self.reap()
+            if not readable:
+                continue
+            data = self.conn.recv(1 << 20)
+            if not data:
+                return  # the caller closed its end or exited
+            self.buffer += data
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                try:
+                    reply = self.answer(json.loads(line))
+                except Exception as exc:  # noqa: BLE001 - a bad request must not end the server
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                self.send(reply)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    starter = os.getppid()
+    conn = socket.socket(fileno=int(argv[0]))
+    for name in PRELOAD:
+        importlib.import_module(name)
+    # Importing torch loads OpenBLAS, whose idle thread server OpenBLAS itself stops
+    # before a fork (pthread_atfork) and starts again only for BLAS work, which this
+    # process never does: one fork now leaves the server single-threaded for good.
+    first = os.fork()
+    if first == 0:
+        os._exit(0)
+    os.waitpid(first, 0)
+    server = Server(conn)
+    server.send({"ready": True, "pid": os.getpid(), "threads": threads()})
+    try:
+        server.serve(starter)
+    except OSError:
+        pass  # the caller's end is gone
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
