@@ -95,6 +95,28 @@ def no_leftover_processes():
     assert not left, f"processes left behind: {left}"
 
 
+STARTS = ("warm", "cold")
+
+
+def pytest_generate_tests(metafunc):
+    """A test that uses the `start` fixture (launcher test modules take it with
+    pytestmark = pytest.mark.usefixtures("start")) runs once per start: warm (forked
+    from the session's warm server) and cold (new interpreters)."""
+    if "start" in metafunc.fixturenames:
+        metafunc.parametrize("start", STARTS, indirect=True)
+
+
+@pytest.fixture
+def start(request, monkeypatch):
+    """This test's runs start warm or cold: LABUTILS_START for launch() here and for
+    every process the test starts (CLI, kernels), as an instructor would set it."""
+    if request.param == "cold":
+        monkeypatch.setenv("LABUTILS_START", "cold")
+    else:
+        monkeypatch.delenv("LABUTILS_START", raising=False)
+    return request.param
+
+
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
     """Run folders go under the test's tmp_path."""
@@ -138,8 +160,10 @@ def this_python_kernel(tmp_path, name: str):
 
 
 @pytest.fixture
-def kernel(tmp_path, runs_dir):
+def kernel(request, tmp_path, runs_dir):
     """A real ipykernel (this Python) started with jupyter_client, and its client."""
+    if "start" in request.fixturenames:
+        request.getfixturevalue("start")  # the start's variable set before the kernel starts
     km = this_python_kernel(tmp_path, "labutils-test")
     km.start_kernel(cwd=str(tmp_path), env={**os.environ, "LABUTILS_RUNS_DIR": str(runs_dir)})
     kc = km.client()

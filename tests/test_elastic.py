@@ -19,6 +19,9 @@ from labutils import launch
 from labutils.run.cli import build_parser, launch_kwargs
 from labutils.runtime.runfiles import events_path
 
+# Every test here runs warm and cold (conftest.py: the `start` fixture).
+pytestmark = pytest.mark.usefixtures("start")
+
 SCRIPTS = Path(__file__).parent / "scripts"
 STEPS = SCRIPTS / "elastic_steps.py"
 # Generous limits for a loaded machine; the assertions on what happened stay strict.

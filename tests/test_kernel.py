@@ -13,6 +13,9 @@ import pytest
 from conftest import execute_reply, iopub_until
 from labutils.runtime.procs import pid_alive
 
+# Every test here runs warm and cold (conftest.py: the `start` fixture).
+pytestmark = pytest.mark.usefixtures("start")
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 CELL = """
@@ -46,11 +49,24 @@ def _run_pids(runs_dir: Path) -> list[int]:
     return pids
 
 
-def _agent_pids(kernel_pid: int) -> list[int]:
+def _run_processes(kernel_pid: int) -> list[int]:
+    """The run's keeper, torchrun agent and ranks under the kernel (a warm run's are
+    forks of the kernel's warm server, which is not counted)."""
     import psutil
 
     return [p.pid for p in psutil.Process(kernel_pid).children(recursive=True)
-            if "labutils.runtime.agent" in " ".join(p.cmdline())]
+            if not _is_server(p)]
+
+
+def _servers(kernel_pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(kernel_pid).children() if _is_server(p)]
+
+
+def _is_server(proc) -> bool:
+    return "labutils.runtime.server" in " ".join(proc.cmdline()) and \
+        "labutils.runtime.server" not in " ".join(proc.parent().cmdline())
 
 
 @pytest.mark.slow
@@ -59,8 +75,8 @@ def test_jupyter_interrupt_stops_every_rank(kernel, runs_dir):
     kernel_pid = _kernel_pid(kernel)
     msg_id = kernel.execute(CELL.format(script=str(SCRIPTS / "forever.py")))
     iopub_until(kernel, _stream_with("[rank 1] step 0"), timeout=90)  # running, cell busy
-    pids = _run_pids(runs_dir) + _agent_pids(kernel_pid)
-    assert len(pids) == 4  # the keeper, its torchrun agent (a fork: same command line), two ranks
+    pids = _run_processes(kernel_pid)
+    assert set(_run_pids(runs_dir)) < set(pids) and len(pids) == 4  # keeper, agent, two ranks
     t0 = time.monotonic()
     os.kill(kernel_pid, signal.SIGINT)  # what Jupyter's interrupt button sends
     result = iopub_until(kernel, _stream_with("RESULT "), timeout=20)
@@ -74,12 +90,15 @@ def test_jupyter_interrupt_stops_every_rank(kernel, runs_dir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_kernel_killed_with_sigkill_takes_its_run_down(kernel, runs_dir):
+def test_kernel_killed_with_sigkill_takes_its_run_down(kernel, runs_dir, start):
     kernel_pid = _kernel_pid(kernel)
     kernel.execute(CELL.format(script=str(SCRIPTS / "forever.py")))
     iopub_until(kernel, _stream_with("[rank 1] step 0"), timeout=90)
-    pids = _run_pids(runs_dir) + _agent_pids(kernel_pid)
-    assert len(pids) == 4  # the keeper, its torchrun agent (a fork: same command line), two ranks
+    pids = _run_processes(kernel_pid)
+    assert set(_run_pids(runs_dir)) < set(pids) and len(pids) == 4  # keeper, agent, two ranks
+    servers = _servers(kernel_pid)
+    assert len(servers) == (1 if start == "warm" else 0)
+    pids += servers  # a warm server dies with its kernel
     os.kill(kernel_pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):

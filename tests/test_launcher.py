@@ -18,6 +18,9 @@ from labutils import launch
 from labutils.runtime.procs import pid_alive
 from labutils.notebook.display import TextDisplay
 
+# Every test here runs warm and cold (conftest.py: the `start` fixture).
+pytestmark = pytest.mark.usefixtures("start")
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

@@ -25,6 +25,9 @@ from labutils import launch
 from labutils.notebook.display import Display
 from labutils.runtime.procs import pid_alive
 
+# Every test here runs warm and cold (conftest.py: the `start` fixture).
+pytestmark = pytest.mark.usefixtures("start")
+
 SCRIPT = Path(__file__).parent / "scripts" / "owned_children.py"
 ENDINGS = ["ok", "failed", "hang", "timeout", "stop", "interrupt", "cli-sigterm", "cli-sighup",
            "cli-kill9", "caller-kill9"]
@@ -71,14 +74,14 @@ class _StopWhenStarted(Display):
                          daemon=True).start()
 
 
-def _in_process(ending: str, pids_file: Path):
+def _in_process(ending: str, pids_file: Path, start: str):
     mode = {"ok": "ok", "failed": "fail", "hang": "hang"}.get(ending, "sleep")
     display = _StopWhenStarted(pids_file, 2) if ending == "stop" else "none"
     result = launch(SCRIPT, 2, args=[str(pids_file), mode], display=display,
                     hang_timeout=2 if ending == "hang" else None,
                     timeout=10 if ending == "timeout" else None)
     assert result.reason == {"failed": "failed", "stop": "stopped"}.get(ending, ending), result
-    assert result.ownership == "subreaper"
+    assert result.ownership == "subreaper" and result.start == start
     return result
 
 
@@ -105,7 +108,7 @@ def _in_child(ending: str, pids_file: Path, tmp_path: Path) -> int:
         caller.wait()
 
 
-def test_no_descendant_outlives_the_run(ending, trial, runs_dir, tmp_path):
+def test_no_descendant_outlives_the_run(ending, trial, runs_dir, tmp_path, start):
     pids_file = tmp_path / "pids.txt"
     try:
         if ending in ("interrupt", "caller-kill9") or ending.startswith("cli"):
@@ -116,8 +119,9 @@ def test_no_descendant_outlives_the_run(ending, trial, runs_dir, tmp_path):
             if ending in ("cli-sigterm", "cli-sighup"):  # handled like Ctrl-C: summary written
                 summary = json.loads((tmp_path / "summary.json").read_text())
                 assert summary["reason"] == "interrupted" and summary["ownership"] == "subreaper"
+                assert summary["start"] == start
         else:
-            _in_process(ending, pids_file)
+            _in_process(ending, pids_file, start)
         pids = _started(pids_file, 2, timeout=1)
         assert len(pids) == 4
         assert _left_after(pids, within=5) == []

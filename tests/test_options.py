@@ -34,10 +34,12 @@ def test_the_table_is_launch_signature():
 def test_the_magic_offers_the_options_marked_for_it():
     opts = magics.parse_line("")
     offered = {o.name for o in OPTIONS if o.magic}
-    assert offered == {"nproc", "hang_timeout", "timeout", "max_restarts", "backend", "log_dir"}
-    assert {"out", "display", "args"} | offered == set(vars(opts))
-    assert {o.name: getattr(opts, o.name) for o in OPTIONS if o.magic} == \
+    assert offered == {"nproc", "hang_timeout", "timeout", "max_restarts", "backend", "log_dir",
+                       "warm"}
+    assert {"out", "display", "args", "cold"} | offered - {"warm"} == set(vars(opts))
+    assert {k: v for k, v in launch_kwargs(opts).items() if k in offered} == \
         {o.name: o.default for o in OPTIONS if o.magic}
+    assert launch_kwargs(magics.parse_line("--cold"))["warm"] is False
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -3,7 +3,12 @@ what a normal exit does for the script must still happen."""
 
 from __future__ import annotations
 
+import pytest
+
 from labutils import launch
+
+# Every test here runs warm and cold (conftest.py: the `start` fixture).
+pytestmark = pytest.mark.usefixtures("start")
 
 
 def test_exit_keeps_threads_atexit_handlers_unclosed_files_and_exit_codes(runs_dir, write_script,

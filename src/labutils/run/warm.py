@@ -11,7 +11,8 @@ folder, events, stacks, diagnosis and ownership are those of a cold run.
 Where a warm start does not apply, the run starts cold and says why
 (``result.start``, ``result.start_reason``):
 
-- ``warm=False`` / ``labutils launch --cold``;
+- ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
+  environment (every run of a kernel, a class or a test session cold);
 - a node of a job across machines, or a SLURM job (each node starts its own agents);
 - a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU):
   the course has tested warm starts on CPU only;
@@ -70,6 +71,8 @@ def cold_reason(spec: LaunchSpec) -> str | None:
     """Why this run must start cold, or None when a warm start applies."""
     if not spec.warm:
         return "warm=False"
+    if os.environ.get(runfiles.ENV_START) == "cold":
+        return f"{runfiles.ENV_START}=cold"
     if spec.multinode:
         return "a node of a job across machines starts cold"
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):

@@ -56,6 +56,7 @@ ENV_LINK = "LABUTILS_LINK"
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"  # where run folders go when launch() gets no log_dir
 ENV_DISPLAY = "LABUTILS_DISPLAY"  # what display="auto" means ("text" under the grader)
 ENV_LEASE_STALE_S = "LABUTILS_LEASE_STALE_S"  # a SLURM job's nodes: when a lease is stale
+ENV_START = "LABUTILS_START"  # "cold": every run starts cold, as with warm=False (run/warm.py)
 # Set by the grader on every process of one submission, to find them all:
 ENV_GRADE_TAG = "LABUTILS_GRADE_TAG"
 
