@@ -82,16 +82,20 @@ class Lab:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def run_processes(self) -> list[int]:
-        """pids of the torchrun agents and ranks the server's kernels have started."""
+        """pids of the keepers, torchrun agents and ranks the server's kernels have
+        started: cold, by their command lines; warm, the processes a kernel's warm
+        server forked (they carry the server's command line), not the server itself."""
         import psutil
 
         found = []
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
                 cmd = " ".join(child.cmdline())
-            except psutil.Error:
+                parent = " ".join(child.parent().cmdline())
+            except (psutil.Error, AttributeError):
                 continue
-            if "labutils.runtime.agent" in cmd or "labutils.runtime.worker" in cmd:
+            if "labutils.runtime.agent" in cmd or "labutils.runtime.worker" in cmd or \
+                    "labutils.runtime.server" in parent:
                 found.append(child.pid)
         return found
 

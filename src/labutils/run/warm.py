@@ -96,17 +96,23 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
             if k.startswith(IMPORT_PREFIXES) and not k.startswith(READ_AT_RUN)}
 
 
-def install_stamp() -> tuple:
-    """What changes when torch or labutils is installed or edited: the newest
-    modification time and the number of labutils' modules, torch's version file."""
+def install_stamp() -> int:
+    """What changes when torch or labutils is installed again or edited: a hash of the
+    name, size and modification time of labutils' modules and torch's version files."""
     import labutils
 
-    root = Path(labutils.__file__).parent
-    times = [p.stat().st_mtime_ns for p in root.rglob("*.py")]
+    files = sorted(Path(labutils.__file__).parent.rglob("*.py"))
     torch_dir = _torch_dir()
-    torch_files = [torch_dir / "version.py", torch_dir / "__init__.py"] if torch_dir else []
-    return (max(times, default=0), len(times),
-            tuple(p.stat().st_mtime_ns for p in torch_files if p.exists()))
+    if torch_dir:
+        files += [torch_dir / "version.py", torch_dir / "__init__.py"]
+    seen = []
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        seen.append((str(path), st.st_size, st.st_mtime_ns))
+    return hash(tuple(seen))
 
 
 def _torch_dir() -> Path | None:

@@ -263,7 +263,8 @@ def fresh_start() -> None:
     The signal handlers torchrun's agent installed (SIGTERM would raise an exception
     in the script instead of ending the rank), a blocked signal mask, the server's and
     the agent's weakref finalizers and multiprocessing identity (this rank is a main
-    process, as in a cold run), and TORCH_DISTRIBUTED_DEBUG, which torch reads when
+    process, as in a cold run), the random and numpy.random global states (seeded
+    from the OS at import, they would be the server's), and TORCH_DISTRIBUTED_DEBUG, which torch reads when
     torch.distributed is imported (the server imported it before the run's variables
     were set). stdout and stderr are already unbuffered: the server runs with -u, as
     torchrun runs a cold rank.
@@ -284,6 +285,14 @@ def fresh_start() -> None:
     me._name, me._identity, me._parent_pid, me._parent_name = "MainProcess", (), None, None
     mp_process._parent_process = None
     mp_process._children = set()
+    # Random state seeded from the OS when a module was imported would otherwise be the
+    # server's, the same in every rank and every run: seed it afresh, as an import would.
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and hasattr(distributed, "set_debug_level_from_env"):
         distributed.set_debug_level_from_env()
