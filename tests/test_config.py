@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labutils import LaunchConfigError, ScriptSyntaxError, launch
-from labutils.run.spec import MAX_NPROC
+from labutils.run.spec import MAX_NPROC, WORKER_PATH
 
 
 @pytest.fixture
@@ -99,9 +99,14 @@ def test_prepare_says_what_will_start_before_anything_starts(tmp_path):
     assert len(request.commands) == 1
     command = request.commands[0]
     assert command[1:3] == ["-m", "labutils.runtime.agent"] and "--max-restarts" in command
-    assert command[-2:] == ["labutils.runtime.worker", str(Path(__file__).parent / "scripts" / "hello.py")]
+    script = str(Path(__file__).parent / "scripts" / "hello.py")
+    # warm (the default): torchrun's function entry point runs the worker bootstrap by path
+    assert command[-5:] == ["--run-path", "--start-method", "fork", WORKER_PATH, script]
+    cold = prepare(script, 2, log_dir=tmp_path, display="none", warm=False).request
+    assert cold.commands[0][-3:] == ["-m", "labutils.runtime.worker", script]
+    assert str(cold).splitlines()[1] == "start: cold (warm=False)"
     assert request.env["MY_SETTING"] == "1"
     assert request.env["LABUTILS_RUN_DIR"] == str(request.run_dir)
     text = str(request)
-    assert text.splitlines()[0] == f"run folder: {request.run_dir}"
+    assert text.splitlines()[:2] == [f"run folder: {request.run_dir}", "start: warm"]
     assert "agent 0: " in text and "MY_SETTING=1" in text

@@ -181,3 +181,14 @@ def test_the_server_is_single_threaded_and_answers_bad_requests(runs_dir):
     with pytest.raises(warm.WarmUnavailable, match="unknown request"):
         server.call({"op": "nothing"})
     assert server.call({"op": "poll", "pid": 1}) == {"code": None}
+
+
+def test_a_prestarted_server_serves_the_first_run(runs_dir):
+    for server in warm.servers():  # the session's servers, to see prestart() at work
+        warm._servers.remove(server)
+        server.close()
+    warm.prestart()
+    (server,) = warm.servers()
+    result = launch(SEES, 2, display="none")
+    assert result.ok and result.start == "warm" and result.start_reason is None
+    assert warm.servers() == [server] and server.pid is not None

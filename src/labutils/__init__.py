@@ -42,8 +42,26 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'labutils' has no attribute {name!r}")
 
 
+def _prestart_in_a_kernel() -> None:
+    """In a Jupyter kernel, start the warm server now (labutils.run.warm), while the
+    learner reads: the kernel's first run is then warm too. Nowhere else: ranks, agents
+    and scripts import labutils as well."""
+    import os
+    import sys
+
+    from labutils.runtime.runfiles import ENV_START
+
+    if "ipykernel" in sys.modules and os.environ.get(ENV_START) != "cold":
+        from labutils.run import warm
+
+        warm.prestart()
+
+
 def load_ipython_extension(ipython) -> None:
     """%load_ext labutils: register the %%torchrun magic."""
     from labutils.notebook.magics import register
 
     register(ipython)
+
+
+_prestart_in_a_kernel()

@@ -51,7 +51,8 @@ TREE_EVERY_S = 1.0    # memory and process count of the tree
 DISK_EVERY_S = 3.0    # bytes written in the working copy
 MAX_FILES = 500
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV",
-            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+            runfiles.ENV_START)
 
 
 @dataclass

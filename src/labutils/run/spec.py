@@ -321,15 +321,17 @@ class RunRequest:
 
     commands: each agent's argument list (none with a scheduler: its nodes start them);
     env: the variables the launcher sets on top of the caller's environment;
-    run_dir: the run folder, already created.
+    run_dir: the run folder, already created;
+    start: how the agents will start, "warm" or "cold (why)".
     """
 
     commands: list[list[str]]
     env: dict[str, str]
     run_dir: Path
+    start: str = ""  # "warm", or "cold (why)" (run/warm.py)
 
     def __str__(self) -> str:
-        lines = [f"run folder: {self.run_dir}"]
+        lines = [f"run folder: {self.run_dir}"] + ([f"start: {self.start}"] if self.start else [])
         lines += [f"agent {i}: {' '.join(c)}" for i, c in enumerate(self.commands)]
         lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
         return "\n".join(lines)

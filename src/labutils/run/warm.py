@@ -199,6 +199,7 @@ class Server:
         return reply
 
     def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> Keeper:
+        self.ready()
         env = {**env, runfiles.ENV_PARENT_PID: str(self.pid)}  # the keeper's starter
         reply = self.call({"op": "start", "argv": argv, "env": env, "cwd": os.getcwd(),
                            "log": str(log_path)})
