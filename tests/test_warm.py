@@ -30,7 +30,7 @@ SEES = SCRIPTS / "what_a_rank_sees.py"
 # Values that differ between any two processes, however they started: a random draw,
 # and str hashes when PYTHONHASHSEED is not set (a warm server's forks share its seed;
 # docs/architecture.md says so).
-PER_PROCESS = {"rand", "rank", "t", "hash_seed"}
+PER_PROCESS = {"rand", "torch_seed", "torch_draw", "rank", "t", "hash_seed"}
 
 
 def _sees(result, ignore=PER_PROCESS) -> dict[int, dict]:
@@ -55,9 +55,10 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     assert seen["sigterm"] == str(signal.SIG_DFL) and seen["blocked"] == []
     assert seen["workers"] == [[0, 1, 4], [9, 16, 25]] and seen["spawned"] == [1, 4, 9]
     assert seen["stdin"] == "" and seen["stdout_write_through"]
-    # Seeded per process, as an interpreter seeds it: every rank and every run differs.
-    draws = [r["rand"] for res in (hot, launch(SEES, 2, display="none")) for r in res.records]
-    assert len(set(draws)) == 4
+    # Seeded per process, as an interpreter and torch seed them: every rank and run differs.
+    records = [r for res in (hot, launch(SEES, 2, display="none")) for r in res.records]
+    for key in ("rand", "torch_seed", "torch_draw"):
+        assert len({r[key] for r in records}) == 4, key
 
 
 def test_nothing_one_run_does_reaches_the_next(runs_dir):
@@ -72,7 +73,7 @@ def test_variables_read_at_import_get_a_server_of_their_own(runs_dir):
     env = {"PYTHONHASHSEED": "123", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
     hot = launch(SEES, 1, display="none", env=env)
     cold = launch(SEES, 1, display="none", env=env, warm=False)
-    same = {"rand", "rank", "t"}  # the hash seed is set: equal in every process
+    same = PER_PROCESS - {"hash_seed"}  # the hash seed is set: equal in every process
     assert hot.start == "warm" and _sees(hot, same) == _sees(cold, same)
     fresh = subprocess.run([sys.executable, "-c", "print(hash('labutils'))"], text=True,
                            capture_output=True, env={**os.environ, **env}).stdout

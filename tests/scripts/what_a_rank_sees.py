@@ -1,10 +1,12 @@
 """Reports what a rank sees of its own process, for comparing a warm start with a cold
 one (tests/test_warm.py): each value must be the same whichever way the rank started."""
+import logging
 import multiprocessing
 import os
 import random
 import signal
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,7 @@ def collate(batch):
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
+    draw = float(torch.rand(1))  # before anything below uses torch's generator
     leaked = getattr(torch, MARK, None)  # a previous run's change, had it reached us
     setattr(torch, MARK, os.getpid())
     before = torch.get_default_dtype()
@@ -46,6 +49,8 @@ if __name__ == "__main__":
         blocked=sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         stdout_write_through=sys.stdout.write_through, stdin=sys.stdin.read(),
         leaked=leaked, dtype_before=str(before), workers=workers, spawned=spawned,
-        world=dist.get_world_size(), rand=random.random(),
+        world=dist.get_world_size(), log_handlers=len(logging.getLogger().handlers),
+        log_level=logging.getLogger().level, warning_filters=len(warnings.filters), rand=random.random(),
+        torch_seed=torch.initial_seed(), torch_draw=draw,
     )
     dist.destroy_process_group()

@@ -263,8 +263,8 @@ def fresh_start() -> None:
     The signal handlers torchrun's agent installed (SIGTERM would raise an exception
     in the script instead of ending the rank), a blocked signal mask, the server's and
     the agent's weakref finalizers and multiprocessing identity (this rank is a main
-    process, as in a cold run), the random and numpy.random global states (seeded
-    from the OS at import, they would be the server's), and TORCH_DISTRIBUTED_DEBUG, which torch reads when
+    process, as in a cold run), the random, numpy.random and torch default generators
+    (seeded from the OS at import, they would be the server's), and TORCH_DISTRIBUTED_DEBUG, which torch reads when
     torch.distributed is imported (the server imported it before the run's variables
     were set). stdout and stderr are already unbuffered: the server runs with -u, as
     torchrun runs a cold rank.
@@ -293,6 +293,9 @@ def fresh_start() -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "seed"):
+        torch.seed()  # torch seeds its default generator from the OS when it starts
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and hasattr(distributed, "set_debug_level_from_env"):
         distributed.set_debug_level_from_env()
