@@ -28,6 +28,7 @@ see their parent change and end their runs (runtime/agent.py).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -149,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     if first == 0:
         os._exit(0)
     os.waitpid(first, 0)
+    # Every object so far lives as long as the server: out of the collector's sight, a
+    # forked process's collections do not write to (and so copy) the pages it shares.
+    gc.collect()
+    gc.freeze()
     server = Server(conn)
     server.send({"ready": True, "pid": os.getpid(), "threads": threads()})
     try:
