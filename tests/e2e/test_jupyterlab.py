@@ -181,9 +181,9 @@ def test_lesson_00_launch_cell_shows_one_pane_per_rank(browser, lab, request):
 
         wait_for(lambda: own_lines() or not lesson.busy(launch_cell), timeout=240,
                  what="every pane to show its rank's line")
-        # The ranks print first, then join the group, report and exit: the lines must be
-        # in the panes before the cell has finished, not only at the end.
-        assert lesson.busy(launch_cell), "the panes filled only when the cell had finished"
+        # A warm run of this cell takes about half a second, often less than the page
+        # needs to show it: whether the panes fill while the cell runs is checked with a
+        # longer run (test_panes_fill_while_the_run_goes_and_show_progress).
         lesson.screenshot(launch_cell, ARTIFACTS / "01-lesson00-mid-run.png")
         lesson.wait_finished(launch_cell, timeout=240)
 
