@@ -33,6 +33,12 @@ SEES = SCRIPTS / "what_a_rank_sees.py"
 PER_PROCESS = {"rand", "torch_seed", "torch_draw", "rank", "t", "hash_seed"}
 
 
+@pytest.fixture(autouse=True)
+def warm_allowed(monkeypatch):
+    """These tests are about warm runs, also in a session started with LABUTILS_START=cold."""
+    monkeypatch.delenv("LABUTILS_START", raising=False)
+
+
 def _sees(result, ignore=PER_PROCESS) -> dict[int, dict]:
     assert result.ok, result.headline()
     return {r["rank"]: {k: v for k, v in r.items() if k not in ignore} for r in result.records}
