@@ -84,6 +84,7 @@ class LocalAgents:
         for agent in self.agents:
             agent_env = {**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)}
             if server is not None:
+                # the keeper's arguments: its command without "python -m labutils.runtime.agent"
                 agent.proc = server.start(agent.command[3:], agent_env, agent.log_path)
                 continue
             log = logs.enter_context(open(agent.log_path, "wb"))

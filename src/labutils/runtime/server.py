@@ -20,7 +20,8 @@ lines; the server answers each request in order:
 
 The server is single-threaded whenever it forks: it never runs torch code (importing
 torch starts at most OpenBLAS's idle thread server, which OpenBLAS stops itself
-before every fork) and never runs a learner's code; every run is a fork of the
+before every fork, see main()) and never runs a learner's code; its objects are
+frozen out of the garbage collector (gc.freeze) so forks share its pages; every run is a fork of the
 same pristine process, so nothing one run does reaches the next. It exits when its
 caller closes the socket or dies (its parent changes); the keepers it forked then
 see their parent change and end their runs (runtime/agent.py).
