@@ -32,39 +32,29 @@ from pathlib import Path
 
 from labutils import launch
 from labutils.run import warm
+from labutils.runtime.procs import carrying, tree
+from labutils.runtime.runfiles import ENV_RUN_DIR
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 WALL_LIMIT_S = 60.0
 
 
-def kinds(ckpt_dir: Path) -> list[tuple[str, dict, str]]:
-    """(name, launch() arguments, expected reason)."""
-    return [
-        ("hello", dict(script=SCRIPTS / "hello.py", nproc=4), "ok"),
-        ("fail", dict(script=SCRIPTS / "fail_rank2.py", nproc=4), "failed"),
-        ("restart", dict(script=SCRIPTS / "resume.py", nproc=2, max_restarts=1,
-                         fault={"rank": 1, "step": 2}), "ok"),
-        ("timeout", dict(script=SCRIPTS / "forever.py", nproc=2, timeout=1.5), "timeout"),
-    ]
+# (name, launch() arguments, expected reason)
+KINDS: list[tuple[str, dict, str]] = [
+    ("hello", dict(script=SCRIPTS / "hello.py", nproc=4), "ok"),
+    ("fail", dict(script=SCRIPTS / "fail_rank2.py", nproc=4), "failed"),
+    ("restart", dict(script=SCRIPTS / "resume.py", nproc=2, max_restarts=1,
+                     fault={"rank": 1, "step": 2}), "ok"),
+    ("timeout", dict(script=SCRIPTS / "forever.py", nproc=2, timeout=1.5), "timeout"),
+]
 
 
 def left_of(run_dir: Path) -> list[int]:
-    """Processes still carrying this run's folder, and children of the warm servers."""
-    marker = f"LABUTILS_RUN_DIR={run_dir}".encode()
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    left.append(int(pid))
-        except OSError:
-            continue
+    """Processes still carrying this run's folder, and what the warm servers still have
+    below them."""
+    left = carrying(ENV_RUN_DIR, str(run_dir))
     for server in warm.servers():
-        try:
-            with open(f"/proc/{server.pid}/task/{server.pid}/children") as f:
-                left += [int(p) for p in f.read().split()]
-        except OSError:
-            pass
+        left += tree(server.pid)
     return left
 
 
@@ -78,9 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     bad, rows = [], []
     with tempfile.TemporaryDirectory(prefix="labutils-stress-") as tmp:
         runs = Path(tmp) / "runs"
-        table = kinds(Path(tmp))
         for i in range(args.runs):
-            name, kwargs, expected = table[i % len(table)]
+            name, kwargs, expected = KINDS[i % len(KINDS)]
             kwargs = dict(kwargs)
             if name == "restart":
                 kwargs["args"] = [str(Path(tmp) / f"ckpt-{i}")]
@@ -111,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.runs} warm runs in {wall:.0f} s; load {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after; {len(bad)} ended otherwise than expected or left "
           "a process")
-    for name, _, expected in kinds(Path()):
+    for name, _, expected in KINDS:
         took = [r["seconds"] for r in rows if r["kind"] == name]
         if took:
             print(f"  {name:<8} {len(took):>5} runs, expected {expected:<8} median "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import psutil
 
 from labutils.runtime import runfiles
+from labutils.runtime.procs import carrying
 
 TAG_ENV = runfiles.ENV_GRADE_TAG
 
@@ -25,18 +26,7 @@ TAG_ENV = runfiles.ENV_GRADE_TAG
 
 def tagged(tag: str) -> list[int]:
     """Processes whose environment carries LABUTILS_GRADE_TAG=tag."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return carrying(TAG_ENV, tag)
 
 
 def descendants(pid: int) -> list[psutil.Process]:
