@@ -100,14 +100,11 @@ def load_lab(folder: str | os.PathLike) -> Lab:
         raise GradingError(f"lab {folder.name}: {LAB_CONFIG} must name the notebook and the "
                            f"files learners edit ('edit': [...]), all in the folder, next to "
                            f"checks.py; missing: {missing or ['edit']}")
-    from labutils.grading.checks import collect_checks
-    from labutils.grading.runner import load_checks
+    from labutils.grading.runner import lab_checks
 
     saved = list(sys.path)
     try:
-        module = load_checks(folder)
-        checks = [{"name": fn.__labutils_check__.name, "points": fn.__labutils_check__.points}
-                  for fn in collect_checks(module)]
+        checks = [fn.__labutils_check__.to_json() for fn in lab_checks(folder, hidden=True)]
     except Exception as exc:  # noqa: BLE001 - a broken checks.py is the lab's problem
         raise GradingError(f"lab {folder.name}: checks.py does not load: "
                            f"{type(exc).__name__}: {exc}") from None
@@ -159,7 +156,8 @@ def _failed_tests(lab: Lab, why: str) -> list[dict]:
              "max_score": float(lab.config.get("notebook_points", 1)), "score": 0.0,
              "status": "failed", "output": why}] + [
         {"name": c["name"], "max_score": c["points"], "score": 0.0, "status": "failed",
-         "output": f"[FAIL] not measured: {why}"} for c in lab.checks]
+         "output": f"[FAIL] not measured: {why}", "visibility": c["visibility"],
+         "hidden": c["hidden"]} for c in lab.checks]
 
 
 class Batch:

@@ -38,6 +38,9 @@ _FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ', re.M)
 _TRACEBACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+)', re.M)
 DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_RUN_TIMEOUT = 90.0
+# When a learner sees a check's result, in Gradescope's words: at once, never, after the
+# due date, after the grades are published.
+VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
 
 
 @dataclass
@@ -46,29 +49,40 @@ class CheckSpec:
 
     name: str
     points: float
+    visibility: str = "visible"
+    hidden: bool = False   # declared in hidden_checks.py, outside the learner's copy
+
+    def to_json(self) -> dict:
+        return vars(self).copy()
 
 
-def check(name: str, *, points: float) -> Callable:
+def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
     """Declare a lab check worth ``points``; the title is what learners read.
 
     Args:
         name: one line saying what is being checked (shown in the feedback).
         points: the check's maximum score (> 0).
+        visibility: when the learner sees its result (Gradescope's levels): "visible"
+            (at once), "after_due_date", "after_published" or "hidden" (never).
     """
     if not real_number(points) or points <= 0:
         raise ValueError(f"check {name!r}: points must be a number > 0, got {points!r}")
+    if visibility not in VISIBILITY:
+        raise ValueError(f"check {name!r}: visibility must be one of {', '.join(VISIBILITY)}, "
+                         f"got {visibility!r}")
 
     def mark(fn: Callable) -> Callable:
-        fn.__labutils_check__ = CheckSpec(name=name, points=float(points))
+        fn.__labutils_check__ = CheckSpec(name=name, points=float(points), visibility=visibility)
         return fn
 
     return mark
 
 
 def collect_checks(module) -> list[Callable]:
-    """The @check functions of a checks module, in the order they are defined."""
+    """The @check functions a checks module defines (not imports), in the order defined."""
     found = [fn for fn in vars(module).values()
-             if callable(fn) and hasattr(fn, "__labutils_check__")]
+             if callable(fn) and hasattr(fn, "__labutils_check__")
+             and getattr(fn, "__module__", None) == module.__name__]
     return sorted(found, key=lambda fn: inspect.getsourcelines(fn)[1])
 
 
@@ -103,6 +117,8 @@ class CheckResult:
     parts: list[Part] = field(default_factory=list)
     error: str = ""
     duration_s: float = 0.0
+    visibility: str = "visible"
+    hidden: bool = False
 
     @property
     def score(self) -> float:
@@ -128,6 +144,7 @@ class CheckResult:
             "name": self.name, "points": self.points, "score": self.score,
             "passed": self.passed, "error": self.error,
             "duration_s": round(self.duration_s, 2),
+            "visibility": self.visibility, "hidden": self.hidden,
             "parts": [vars(p) for p in self.parts],
         }
 
@@ -135,7 +152,9 @@ class CheckResult:
     def from_json(cls, data: dict) -> CheckResult:
         return cls(name=str(data["name"]), points=float(data["points"]),
                    parts=[Part(**p) for p in data.get("parts", [])],
-                   error=str(data.get("error", "")), duration_s=float(data.get("duration_s", 0)))
+                   error=str(data.get("error", "")), duration_s=float(data.get("duration_s", 0)),
+                   visibility=str(data.get("visibility", "visible")),
+                   hidden=bool(data.get("hidden", False)))
 
 
 # ---------------------------------------------------------------------------- runs
@@ -372,7 +391,8 @@ def run_check(fn: Callable, checker: Checker) -> CheckResult:
     spec: CheckSpec = fn.__labutils_check__
     checker.parts = []
     t0 = time.monotonic()
-    result = CheckResult(name=spec.name, points=spec.points)
+    result = CheckResult(name=spec.name, points=spec.points, visibility=spec.visibility,
+                         hidden=spec.hidden)
     try:
         fn(checker)
     except Exception as exc:  # noqa: BLE001 - a broken measurement must not stop the other checks

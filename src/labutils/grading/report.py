@@ -26,6 +26,11 @@ CSV_COLUMNS = ["submission", "score", "max_score", "percent", "passed", "noteboo
                "problems", "execution_time"]
 
 
+WHEN_SHOWN = {"after_due_date": "shown after the due date",
+              "after_published": "shown when the grades are published",
+              "hidden": "never shown"}
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Write the whole file or nothing, on disk before it is renamed: a grade must
     survive a crash of the grading machine."""
@@ -56,7 +61,8 @@ def gradescope_results(result: dict) -> dict:
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": [{"name": t["name"], "score": t["score"], "max_score": t["max_score"],
-                   "status": t["status"], "output": t.get("output", ""), "visibility": "visible"}
+                   "status": t["status"], "output": t.get("output", ""),
+                   "visibility": t.get("visibility", "visible")}
                   for t in result["tests"]],
         "extra_data": {
             "submission": result["name"], "lab": result["lab"], "passed": result["passed"],
@@ -72,7 +78,9 @@ def feedback_page(result: dict) -> str:
     score, max_score = totals(result["tests"])
     ok = result["passed"]
     rows = []
-    for t in result["tests"]:
+    shown = [t for t in result["tests"] if t.get("visibility", "visible") == "visible"]
+    held = [t for t in result["tests"] if t not in shown]
+    for t in shown:
         passed = t["status"] == "passed"
         badge = ("#1a7f37", "passed") if passed else ("#cf222e", "failed")
         points = f"{t['score']:g} / {t['max_score']:g}" if t["max_score"] else "-"
@@ -89,6 +97,18 @@ def feedback_page(result: dict) -> str:
         f"network: {sandbox.get('network', 'not isolated')}",
         "limits: " + "; ".join(sandbox.get("limits", [])) if sandbox.get("limits") else "",
     ]))
+    if held:
+        seen, seen_max = totals(shown)
+        later = sorted({WHEN_SHOWN[t.get("visibility")] for t in held})
+        headline = (f"{seen:g} / {seen_max:g} on the checks shown here; {len(held)} more "
+                    f"check{'s' if len(held) > 1 else ''} worth {sum(t['max_score'] for t in held):g} "
+                    f"points {'are' if len(held) > 1 else 'is'} graded too")
+        notes += (f"<p>The result of {len(held)} check{'s' if len(held) > 1 else ''} is not "
+                  f"shown here ({html.escape('; '.join(later))}); your grade counts "
+                  f"{'them' if len(held) > 1 else 'it'}.</p>")
+    else:
+        headline = (f"{score:g} / {max_score:g}: {'passed' if ok else 'below the pass mark'} "
+                    f"({result['pass_mark']:.0%} needed)")
     executed = ("<p>Your notebook as the grader ran it: <a href='executed.ipynb'>executed.ipynb</a></p>"
                 if result.get("has_executed_notebook") else "")
     return f"""<!doctype html>
@@ -101,8 +121,7 @@ pre {{ background: #f6f8fa; padding: 0.8em; white-space: pre-wrap; }}
 .warn {{ color: #9a6700; }} .small {{ color: #6e7781; font-size: 0.85em; }}
 </style></head><body>
 <h1>{html.escape(result['lab_title'])}</h1>
-<h2 style="color:{'#1a7f37' if ok else '#cf222e'}">{score:g} / {max_score:g}:
-{'passed' if ok else 'below the pass mark'} ({result['pass_mark']:.0%} needed)</h2>
+<h2 style="color:{'#1a7f37' if ok or held else '#cf222e'}">{headline}</h2>
 <p>Submission <b>{html.escape(result['name'])}</b>, graded in {result.get('duration_s', 0):.0f} s.
 The checks ran your scripts for real in a separate process; nothing computed inside
 your notebook counts towards the score.</p>

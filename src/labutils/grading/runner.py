@@ -5,7 +5,8 @@ The grader runs, inside the sandbox of one submission::
     python -m labutils.grading.runner --checks DIR --learner DIR --scratch DIR --nonce-stdin
 
 It imports the lab's checks.py from DIR (the grader's pristine copy, never the
-learner's), runs every @check against the learner's scripts and prints one line
+learner's), and with --hidden the lab's hidden_checks.py too (checks kept out of the
+learner's copy of the lab), runs every @check against the learner's scripts and prints one line
 per finished check, then a last one: each is the nonce the grader sent on stdin
 followed by JSON. Anything the learner's code prints cannot carry that nonce, so
 it cannot pose as a result.
@@ -30,32 +31,66 @@ from pathlib import Path
 from labutils.grading.checks import Checker, CheckResult, collect_checks, run_check
 
 CHECKS_FILE = "checks.py"
+HIDDEN_CHECKS_FILE = "hidden_checks.py"   # the grader's only: never in a learner's copy
 
 
-def load_checks(checks_dir: Path):
-    """Import DIR/checks.py under a private name, with DIR first on the import path."""
-    path = Path(checks_dir) / CHECKS_FILE
+def load_checks(checks_dir: Path, file: str = CHECKS_FILE):
+    """Import DIR/checks.py (or another file of checks) under a private name, with DIR
+    first on the import path."""
+    path = Path(checks_dir) / file
     if not path.is_file():
-        raise FileNotFoundError(f"no {CHECKS_FILE} in {checks_dir}")
-    sys.path.insert(0, str(Path(checks_dir).resolve()))
-    spec = importlib.util.spec_from_file_location("labutils_lab_checks", path)
+        raise FileNotFoundError(f"no {file} in {checks_dir}")
+    folder = str(Path(checks_dir).resolve())
+    if folder not in sys.path[:1]:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(f"labutils_lab_{Path(file).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def lab_checks(checks_dir: Path, *, hidden: bool) -> list:
+    """The lab's @check functions: checks.py's, then (hidden=True) hidden_checks.py's,
+    each marked hidden."""
+    found = collect_checks(load_checks(checks_dir))
+    if hidden and (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file():
+        secret = collect_checks(load_checks(checks_dir, HIDDEN_CHECKS_FILE))
+        for fn in secret:
+            fn.__labutils_check__.hidden = True
+        found += secret
+    return found
+
+
+def hidden_summary(folder: Path) -> dict:
+    """{"count", "points"} of the checks only the grader runs: counted from
+    hidden_checks.py when it is there, else as lab.json records them (a learner's copy)."""
+    folder = Path(folder)
+    if (folder / HIDDEN_CHECKS_FILE).is_file():
+        saved = list(sys.path)
+        try:
+            specs = [fn.__labutils_check__ for fn in
+                     collect_checks(load_checks(folder, HIDDEN_CHECKS_FILE))]
+        finally:
+            sys.path[:] = saved
+        return {"count": len(specs), "points": sum(s.points for s in specs)}
+    config = folder / "lab.json"
+    recorded = json.loads(config.read_text()).get("hidden_checks", {}) if config.is_file() else {}
+    return {"count": int(recorded.get("count", 0)), "points": float(recorded.get("points", 0))}
+
+
 def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
-                   on_result=None) -> tuple[list, list]:
+                   hidden: bool = False, on_result=None) -> tuple[list, list]:
     """Every check of the lab against the learner's scripts: (CheckResults, run summaries).
 
-    on_result(CheckResult) is called as each check finishes.
+    hidden: run hidden_checks.py's checks too (the grader does). on_result(CheckResult)
+    is called as each check finishes.
     """
-    module = load_checks(checks_dir)
-    config = Path(module.__file__).resolve().parent / "lab.json"
+    checks = lab_checks(checks_dir, hidden=hidden)
+    config = Path(checks_dir).resolve() / "lab.json"
     edit = json.loads(config.read_text()).get("edit", []) if config.is_file() else []
     checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch, edit=edit)
     results = []
-    for fn in collect_checks(module):
+    for fn in checks:
         results.append(run_check(fn, checker))
         if on_result is not None:
             on_result(results[-1])
@@ -64,7 +99,7 @@ def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
 
 def format_result(r: CheckResult) -> str:
     """One check as text: its score and title, then its parts."""
-    return "\n".join([f"{r.score:g}/{r.points:g}  {r.name}",
+    return "\n".join([f"{r.score:g}/{r.points:g}  {r.name}{'  (hidden check)' if r.hidden else ''}",
                       *("    " + line for line in r.output().splitlines())])
 
 
@@ -77,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checks", required=True, help="folder with the lab's checks.py")
     p.add_argument("--learner", required=True, help="folder with the learner's scripts")
     p.add_argument("--scratch", required=True, help="folder for runs")
+    p.add_argument("--hidden", action="store_true",
+                   help=f"run the lab's {HIDDEN_CHECKS_FILE} too (what the grader does)")
     p.add_argument("--nonce-stdin", action="store_true",
                    help="read a nonce from stdin and prefix the result line with it")
     ns = p.parse_args(argv)
@@ -92,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         _, runs = run_lab_checks(Path(ns.checks), Path(ns.learner), Path(ns.scratch),
-                                 on_result=lambda r: send({"test": r.to_json()}))
+                                 hidden=ns.hidden, on_result=lambda r: send({"test": r.to_json()}))
         send({"done": True, "runs": runs, "duration_s": round(time.monotonic() - t0, 2)})
     except Exception as exc:  # noqa: BLE001 - reported to the grader as a checks error
         import traceback
@@ -101,21 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False) -> list[CheckResult]:
+def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False,
+               hidden: bool = False) -> list[CheckResult]:
     """Run the lab's public checks on the scripts in ``folder`` and print the results.
 
     The checks run in a separate process (never in the notebook's kernel), exactly as
-    the grader runs them, minus the notebook itself.
+    the grader runs them, minus the notebook itself and the hidden checks (the grader
+    runs those too; the total says how many).
 
     Args:
         folder: the lab folder (with checks.py and your scripts).
         quiet: return the results without printing them.
+        hidden: run the hidden checks too (an instructor's copy of the lab has them).
     """
     folder = Path(folder).resolve()
+    if hidden and not (folder / HIDDEN_CHECKS_FILE).is_file():
+        raise FileNotFoundError(f"hidden=True: no {HIDDEN_CHECKS_FILE} in {folder} (a learner's "
+                                "copy has none; run the hidden checks from the lab's own folder)")
     scratch = folder / "runs" / f"checks-{time.strftime('%Y%m%d-%H%M%S')}"
     scratch.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "labutils.grading.runner", "--checks", str(folder),
-               "--learner", str(folder), "--scratch", str(scratch)]
+               "--learner", str(folder), "--scratch", str(scratch), *(["--hidden"] if hidden else [])]
     results, errors = [], []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True) as proc:
@@ -130,6 +173,11 @@ def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False) -> list[
         raise RuntimeError(f"the checks could not run: {errors[0] if errors else proc.returncode}")
     if not quiet:
         print(format_total(results))
+        more = hidden_summary(folder)
+        if more["count"] and not hidden:
+            print(f"The grader also runs {more['count']} hidden check"
+                  f"{'s' if more['count'] > 1 else ''} worth {more['points']:g} points, not in "
+                  "this copy: they measure the same fix in other cases.")
     return results
 
 

@@ -42,7 +42,8 @@ from labutils.runtime import runfiles
 from labutils.runtime.procs import become_subreaper, die_with_parent, make_undumpable
 
 SKIP_DIRS = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
-GRADER_FILES = {"checks.py", "lab.json"}  # the lab's, never copied into the learner's folder
+# the lab's, never copied into the learner's folder
+GRADER_FILES = {"checks.py", "lab.json", "hidden_checks.py"}
 MAX_FILE_BYTES = 5 << 20
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_RESULT_LINE = 8 << 20
@@ -293,7 +294,7 @@ class Supervisor:
             (checks / rel).write_bytes(data)
         command = [sys.executable, "-m", "labutils.grading.runner", "--checks", str(checks),
                    "--learner", str(self.work), "--scratch", str(self.scratch / "checks"),
-                   "--nonce-stdin"]
+                   "--hidden", "--nonce-stdin"]
         phase = self.run_phase("checks", command, timeout=self.job["checks_timeout"],
                                cwd=self.scratch)
         self.checks_enforced = phase.enforced
@@ -311,12 +312,14 @@ class Supervisor:
                     f"the checks {phase.detail}" if phase.ended != "exited" else
                     f"the checks ended (exit code {phase.exit_code}) before this one ran")
                 tests.append({"name": spec["name"], "max_score": spec["points"], "score": 0.0,
-                              "status": "failed", "output": f"[FAIL] not measured: {why}"})
+                              "status": "failed", "output": f"[FAIL] not measured: {why}",
+                              "visibility": spec["visibility"], "hidden": spec["hidden"]})
                 continue
             check = CheckResult.from_json(result)
             tests.append({"name": check.name, "max_score": check.points, "score": check.score,
                           "status": "passed" if check.passed else "failed",
-                          "output": check.output()})
+                          "output": check.output(), "visibility": spec["visibility"],
+                          "hidden": spec["hidden"]})
         return tests, runs, grader_error
 
     def grade(self) -> dict:
