@@ -6,6 +6,7 @@ scripts through torchrun), two submissions at a time, the way an instructor woul
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import resource
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from labutils.grading.batch import grade
+from labutils.grading.checks import VISIBILITY
+from labutils.grading.release import release, starter_problems
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -46,12 +49,18 @@ def _assert_solution(result: dict) -> None:
 
 def _assert_starter(lab: str, result: dict) -> None:
     assert not result["passed"] and not result.get("grader_error"), result
-    expected = STARTER_FAILS[lab]
+    assert starter_problems(result, STARTER_FAILS[lab]) == []
     failing = _failing(result)
-    assert len(failing) == len(expected), failing
-    for prefix in expected:
-        assert any(name.startswith(prefix) for name in failing), (prefix, failing)
-    assert result["notebook"]["status"] == "completed", "the starter notebook runs to its end"
+    assert len(failing) == len(STARTER_FAILS[lab]), failing   # each prefix names one check
+
+
+def _assert_hidden_checks(result: dict) -> None:
+    """At least one hidden check ran, and every test says when learners see it."""
+    tests = result["tests"]
+    assert all(t["visibility"] in VISIBILITY for t in tests)
+    hidden = [t for t in tests if t.get("hidden")]
+    assert hidden, "every lab has at least one hidden check"
+    assert all(t["visibility"] != "visible" for t in hidden), hidden
 
 
 def _check_outputs(out: Path, results: list[dict]) -> None:
@@ -62,6 +71,11 @@ def _check_outputs(out: Path, results: list[dict]) -> None:
         assert (folder / "feedback.html").is_file()
         assert (folder / "executed.ipynb").is_file() == result["has_executed_notebook"]
     assert len((out / "grades.csv").read_text().splitlines()) == len(results) + 1
+    summary = list(csv.DictReader((out / "checks.csv").open()))
+    assert {row["check"] for row in summary} == {
+        t["name"] for t in results[0]["tests"] if t["max_score"]}
+    assert all(int(row["submissions"]) == len(results) for row in summary)
+    assert (out / "checks.png").stat().st_size > 1000
 
 
 PAIRED = [lab for lab in STARTER_FAILS if lab != "06_distributed_evaluation"]  # 06: the batch of 8
@@ -69,11 +83,17 @@ PAIRED = [lab for lab in STARTER_FAILS if lab != "06_distributed_evaluation"]  #
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Every lab's solution and starter, graded once: two labs at a time, --jobs 2 each."""
+    """Every lab's solution and starter, graded once: two labs at a time, --jobs 2 each.
+
+    The starter graded is the learner's copy `labutils release` writes (what learners
+    get and submit), so each lab's release is verified here at no extra cost.
+    """
     out = tmp_path_factory.mktemp("grades")
+    copies = tmp_path_factory.mktemp("released")
 
     def pair(lab: str) -> tuple[str, list[dict]]:
-        subs = [REPO / "solutions" / lab / f"{lab}.ipynb", REPO / "labs" / lab / f"{lab}.ipynb"]
+        starter = release(REPO / "labs" / lab, copies / lab, verify=False, progress=None)
+        subs = [REPO / "solutions" / lab / f"{lab}.ipynb", starter]
         return lab, grade(REPO / "labs" / lab, subs, out_dir=out / lab, jobs=2, progress=None)
 
     with ThreadPoolExecutor(2) as pool:
@@ -85,6 +105,7 @@ def graded(tmp_path_factory):
 def test_solution_full_marks(graded, lab):
     out, results = graded
     _assert_solution(results[lab][0])
+    _assert_hidden_checks(results[lab][0])
     _check_outputs(out / lab, results[lab])
 
 
@@ -167,6 +188,11 @@ def test_eight_submissions_two_at_a_time_in_under_three_minutes(tmp_path):
     assert "no notebook found" in _tests(by["no_notebook"])[notebook]["output"]
     assert "not valid JSON" in _tests(by["broken_json"])[notebook]["output"]
     _check_outputs(tmp_path / "out", results)
+    # which checks a class fails most: the count fails for the starter, drop_last and
+    # fake_checks (the starter's script)
+    summary = {row["check"]: row for row in csv.DictReader((tmp_path / "out" / "checks.csv").open())}
+    assert (summary[count]["failed"], summary[count]["submissions"]) == ("3", "8")
+    assert summary[notebook]["failed"] == "5"   # the five without a (valid) notebook
     others = machine - ours
     print(f"8 submissions, --jobs 2: {elapsed:.0f} s wall, {ours:.0f} CPU-s for the grading, "
           f"{others:.0f} CPU-s for other processes meanwhile")

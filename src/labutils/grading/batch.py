@@ -263,7 +263,8 @@ def grade(
     isolate: bool = True,
     progress=print,
 ) -> list[dict]:
-    """Grade submissions of one lab; write DIR/<name>/results.json, feedback, grades.csv.
+    """Grade submissions of one lab; write DIR/<name>/results.json, feedback, grades.csv
+    and the per-check summary (checks.csv, checks.png).
 
     Args:
         lab: the lab folder (lab.json, the notebook, the scripts, checks.py).
@@ -320,6 +321,9 @@ def grade(
         for result in results:  # a last write from memory: whatever ran meanwhile, these stand
             report.write_submission(out, result, batch.executed[result["name"]])
         report.write_atomic(out / "grades.csv", report.grades_csv(results))
+        from labutils.grading.export import write_summary
+
+        write_summary(out, [report.gradescope_results(r) for r in results], the_lab.title)
         changed = restore_lab(the_lab)
         if changed and progress is not None:
             progress(f"warning: a submission changed the lab's files {changed} (this machine "

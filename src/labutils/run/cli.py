@@ -1,4 +1,4 @@
-"""The `labutils` command: launch, doctor, grade, k8s, slurm."""
+"""The `labutils` command: launch, doctor, grade, release, autograder, export, k8s, slurm."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def _cmd_grade(ns: argparse.Namespace) -> int:
         print("labutils grade: interrupted; every submission still running was stopped",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"results in {ns.out}/ (grades.csv, and per submission results.json, feedback.html)")
+    print(f"results in {ns.out}/ (grades.csv, checks.csv and checks.png: which checks fail "
+          "most; per submission results.json, feedback.html)")
     return 1 if any(r.get("grader_error") for r in results) else 0
 
 
@@ -113,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _grade_parser(sub)
     from labutils.cluster import kubernetes, slurm
+    from labutils.grading import export, gradescope, release
 
-    kubernetes.add_subcommand(sub)
-    slurm.add_subcommand(sub)
+    for module in (release, gradescope, export, kubernetes, slurm):
+        module.add_subcommand(sub)
     return parser
 
 

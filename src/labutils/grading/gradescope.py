@@ -1,0 +1,160 @@
+"""A lab as a Gradescope autograder: `labutils autograder LAB --out autograder.zip`.
+
+Gradescope unzips the autograder into /autograder/source, runs setup.sh once to build
+the image, then, per submission, runs /autograder/run_autograder with the learner's
+files in /autograder/submission and reads /autograder/results/results.json. The zip
+holds::
+
+    setup.sh            a venv in /autograder/venv: torch 2.13.0 (CPU build), the
+                        course's pinned packages (requirements.lock), labutils
+    run_autograder      grades /autograder/submission with that venv
+    lab/                the lab, hidden checks included (learners never see the zip)
+    labutils/           the labutils package source (pyproject.toml, src/)
+    requirements.lock
+
+Every path comes from one variable, AUTOGRADER_ROOT (default /autograder), so the
+whole thing can run in any folder standing in for /autograder, as the tests do.
+Grading itself is `labutils grade`: the same sandbox, checks and results.json
+(Gradescope's format, each test with its visibility).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from labutils.grading.batch import GradingError, grade, load_lab
+from labutils.grading.report import write_atomic
+
+ROOT_ENV = "AUTOGRADER_ROOT"
+DEFAULT_ROOT = "/autograder"
+REPO = Path(__file__).resolve().parents[3]   # the course: pyproject.toml, requirements.lock
+
+SETUP_SH = r"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder image.
+set -euo pipefail
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+SOURCE="$ROOT/source"
+# torch's CPU build (PyPI's default build carries gigabytes of CUDA libraries);
+# LABUTILS_TORCH_INDEX="" uses pip's own configured index instead.
+TORCH_INDEX="${LABUTILS_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup.sh: labutils needs Python 3.11 or newer, found $("$PYTHON" --version 2>&1);" \
+         "choose Gradescope's Ubuntu 24.04 base image, or set PYTHON" >&2
+    exit 1
+fi
+if ! "$PYTHON" -m venv --help >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq python3-venv
+fi
+"$PYTHON" -m venv "$ROOT/venv"
+PIP=("$ROOT/venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+if [ -n "$TORCH_INDEX" ]; then
+    "${PIP[@]}" --index-url "$TORCH_INDEX" "torch==$(sed -n 's/^torch==//p' "$SOURCE/requirements.lock")"
+fi
+"${PIP[@]}" -r "$SOURCE/requirements.lock"
+"${PIP[@]}" --no-deps --no-build-isolation "$SOURCE/labutils"
+"$ROOT/venv/bin/python" -c "import torch, labutils; print('torch', torch.__version__)"
+"""
+
+RUN_AUTOGRADER = r"""#!/usr/bin/env bash
+# Gradescope runs this for every submission.
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+exec "$ROOT/venv/bin/python" -m labutils.grading.gradescope --root "$ROOT"
+"""
+
+
+def build(lab: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the autograder zip for a lab; returns its path."""
+    the_lab = load_lab(lab)   # a broken lab fails here, not on Gradescope
+    out = Path(out).resolve()
+    if out.suffix != ".zip":
+        raise GradingError(f"--out {out.name}: expected a .zip file name (Gradescope takes a zip)")
+    source = REPO / "src" / "labutils"
+    if not (REPO / "pyproject.toml").is_file() or not (REPO / "requirements.lock").is_file():
+        raise GradingError(f"labutils is not installed from the course's folder ({REPO} has "
+                           "no pyproject.toml or requirements.lock): build the autograder "
+                           "from a clone of the course")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        _add(zf, "setup.sh", SETUP_SH, executable=True)
+        _add(zf, "run_autograder", RUN_AUTOGRADER, executable=True)
+        _add(zf, "requirements.lock", (REPO / "requirements.lock").read_bytes())
+        _add(zf, "labutils/pyproject.toml", (REPO / "pyproject.toml").read_bytes())
+        _add(zf, "labutils/README.md", (REPO / "README.md").read_bytes())
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                _add(zf, f"labutils/src/labutils/{path.relative_to(source).as_posix()}",
+                     path.read_bytes())
+        for rel, data in sorted(the_lab.files.items()):
+            _add(zf, f"lab/{rel}", data)
+    os.replace(tmp, out)
+    return out
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, *, executable: bool = False) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))  # same bytes every build
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
+    zf.writestr(info, data)
+
+
+def run(root: Path) -> dict:
+    """Grade root/submission against root/source/lab; write root/results/results.json."""
+    results_path = root / "results" / "results.json"
+    lab, submission = root / "source" / "lab", root / "submission"
+    with tempfile.TemporaryDirectory(prefix="labutils-gradescope-") as tmp:
+        try:
+            if not submission.is_dir() or not any(submission.iterdir()):
+                raise GradingError("the submission is empty: upload the lab's notebook and "
+                                   "the scripts you changed")
+            result = grade(lab, [submission], out_dir=Path(tmp), jobs=1, progress=print)[0]
+            data = json.loads((Path(tmp) / result["name"] / "results.json").read_text())
+        except GradingError as exc:
+            data = {"score": 0.0, "output": f"The submission could not be graded: {exc}",
+                    "visibility": "visible", "tests": []}
+    write_atomic(results_path, json.dumps(data, indent=2))
+    return data
+
+
+def add_subcommand(sub) -> None:
+    """Register ``labutils autograder``; its handler is ns.handler(ns) -> exit status."""
+    p = sub.add_parser(
+        "autograder", help="build a Gradescope autograder zip for a lab",
+        description="Write a Gradescope autograder zip for LAB: setup.sh (a venv with torch "
+        "2.13.0 CPU, the pinned packages and labutils), run_autograder (grades "
+        "/autograder/submission into /autograder/results/results.json, hidden checks "
+        "included) and the lab. Exit status: 0 written, 2 bad input.")
+    p.add_argument("lab", help="the lab folder (lab.json, notebook, scripts, checks)")
+    p.add_argument("--out", default="autograder.zip", help="the zip to write (default "
+                   "./autograder.zip)")
+
+    def handler(ns) -> int:
+        path = build(ns.lab, ns.out)
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} kB): upload it as the "
+              "assignment's autograder (Gradescope's Ubuntu 24.04 base image)")
+        return 0
+
+    p.set_defaults(handler=handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m labutils.grading.gradescope")
+    p.add_argument("--root", default=os.environ.get(ROOT_ENV, DEFAULT_ROOT),
+                   help=f"the autograder's folder (default ${ROOT_ENV} or {DEFAULT_ROOT})")
+    ns = p.parse_args(argv)
+    data = run(Path(ns.root))
+    print(f"score {data['score']:g}" + (f"/{data['max_score']:g}" if "max_score" in data else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
