@@ -225,6 +225,23 @@ def test_feedback_page_escapes_what_the_learner_controls():
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;checks" in page
 
 
+def test_hidden_results_keep_their_visibility_and_stay_off_the_feedback_page():
+    result = _graded()
+    result["tests"].insert(2, {"name": "secret: 5 ranks", "score": 0.0, "max_score": 3.0,
+                               "status": "failed", "output": "[FAIL] measured: 7",
+                               "visibility": "after_published", "hidden": True})
+    data = report.gradescope_results(result)
+    assert [t["visibility"] for t in data["tests"]] == [
+        "visible", "visible", "after_published", "visible"]
+    assert data["max_score"] == 8.0    # Gradescope adds every test, shown or not
+    page = report.feedback_page(result)
+    assert "secret" not in page and "measured: 7" not in page
+    assert "3.5 / 5 on the checks shown here; 1 more check worth 3 points is graded too" in page
+    assert "shown when the grades are published" in page
+    with pytest.raises(ValueError, match="visibility must be one of"):
+        check("x", points=1, visibility="later")
+
+
 def test_grades_csv_lists_failing_checks():
     rows = list(csv.DictReader(io.StringIO(report.grades_csv([_graded(), _graded(name="bob", passed=False)]))))
     assert [r["submission"] for r in rows] == ["alice", "bob"]
