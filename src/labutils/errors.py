@@ -61,6 +61,10 @@ class ScriptSyntaxError(LaunchConfigError):
         )
 
 
+class GradingError(LabutilsError, ValueError):
+    """The grader cannot start: a lab folder, a submission or an export input is not usable."""
+
+
 class RecordError(LabutilsError, TypeError):
     """report() was given a value that cannot be sent to the notebook as JSON."""
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from labutils.errors import LabutilsError, whole_number
+from labutils.errors import GradingError, whole_number
 from labutils.grading import procs, report
 
 LAB_CONFIG = "lab.json"
@@ -42,10 +42,6 @@ DEFAULT_CHECKS_TIMEOUT_S = 300.0
 SUPERVISOR_SLACK_S = 120.0
 MAX_LAB_BYTES = 20 << 20
 _SKIP = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
-
-
-class GradingError(LabutilsError, ValueError):
-    """The grader cannot start: a lab folder or a submission path is not usable."""
 
 
 @dataclass
@@ -104,7 +100,7 @@ def load_lab(folder: str | os.PathLike) -> Lab:
 
     saved = list(sys.path)
     try:
-        checks = [fn.__labutils_check__.to_json() for fn in lab_checks(folder, hidden=True)]
+        checks = [vars(fn.__labutils_check__).copy() for fn in lab_checks(folder, hidden=True)]
     except Exception as exc:  # noqa: BLE001 - a broken checks.py is the lab's problem
         raise GradingError(f"lab {folder.name}: checks.py does not load: "
                            f"{type(exc).__name__}: {exc}") from None

@@ -52,9 +52,6 @@ class CheckSpec:
     visibility: str = "visible"
     hidden: bool = False   # declared in hidden_checks.py, outside the learner's copy
 
-    def to_json(self) -> dict:
-        return vars(self).copy()
-
 
 def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
     """Declare a lab check worth ``points``; the title is what learners read.

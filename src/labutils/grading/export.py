@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from labutils.grading.batch import GradingError
+from labutils.errors import GradingError
 from labutils.grading.report import write_atomic
 
 CANVAS_STUDENT_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]

@@ -29,7 +29,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from labutils.grading.batch import GradingError, grade, load_lab
+from labutils.errors import GradingError
+from labutils.grading.batch import grade, load_lab
 from labutils.grading.report import write_atomic
 
 ROOT_ENV = "AUTOGRADER_ROOT"

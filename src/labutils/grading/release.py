@@ -21,7 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from labutils.grading.batch import LAB_CONFIG, GradingError, grade, load_lab
+from labutils.errors import GradingError
+from labutils.grading.batch import LAB_CONFIG, grade, load_lab
 from labutils.grading.report import totals
 from labutils.grading.runner import HIDDEN_CHECKS_FILE, hidden_summary
 
