@@ -153,3 +153,34 @@ def test_a_rank_blocked_in_ddp_backward_waits_in_a_collective(tmp_path):
                  f'  File "{tmp_path}/train.py", line 12 in <module>\n')
     hang = analyse_hang({0: in_backward, 1: elsewhere}, {0: 1, 1: 1}, str(tmp_path / "train.py"))
     assert hang.calls[0] == "backward" and hang.stragglers == [1]
+
+
+GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                "8000ms for recv operation to complete")
+NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "
+                "OpType=BARRIER, NumelIn=1, NumelOut=1, Timeout(ms)=8000) ran for 8002 milliseconds")
+
+
+def _in_collective(call: str) -> str:
+    return ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+            '  File ".../torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+            f'  File ".../torch/distributed/distributed_c10d.py", line 3252, in {call}\n'
+            'RuntimeError: ...')
+
+
+@pytest.mark.parametrize("message", [GLOO_TIMEOUT, NCCL_TIMEOUT])
+def test_ranks_that_all_timed_out_in_collectives_are_a_mismatch_not_one_root_cause(message):
+    exceptions = {0: dict(_exc(18.1, "RuntimeError", message, 10), traceback=_in_collective("all_reduce"),
+                          source="dist.all_reduce(x)"),
+                  1: dict(_exc(18.0, "RuntimeError", message, 11), traceback=_in_collective("barrier"),
+                          source="dist.barrier()"),
+                  2: _exc(18.3, "RuntimeError", GLOO_PEER_GONE, 11)}
+    failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
+    assert failure.mismatch == {
+        0: {"collective": "all_reduce", "where": "train.py:10", "source": "dist.all_reduce(x)"},
+        1: {"collective": "barrier", "where": "train.py:11", "source": "dist.barrier()"}}
+    assert failure.victims == [2] and failure.also_failed == [0]
+    # timeouts beside a rank's own error: that error is the root cause, even when later
+    exceptions[2] = _exc(18.3)
+    failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
+    assert failure.mismatch == {} and (failure.rank, failure.exc_type) == (2, "ValueError")

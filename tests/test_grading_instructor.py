@@ -140,17 +140,21 @@ def _autograder_root(tmp_path: Path, lab: str, submission: Path) -> Path:
     """Unzip the autograder as Gradescope does, in a folder standing in for /autograder."""
     zip_path = gradescope.build(REPO / "labs" / lab, tmp_path / "autograder.zip")
     root = tmp_path / "autograder"
-    with zipfile.ZipFile(zip_path) as zf:
-        names = zf.namelist()
-        assert {"setup.sh", "run_autograder"} <= set(names)   # at the zip's root
-        assert f"lab/{HIDDEN_CHECKS_FILE}" in names and "labutils/pyproject.toml" in names
-        zf.extractall(root / "source")
-        for name in ("setup.sh", "run_autograder"):
-            mode = zf.getinfo(name).external_attr >> 16
-            os.chmod(root / "source" / name, mode & 0o777)
+    names = _unzip(zip_path, root / "source")
+    assert {"setup.sh", "run_autograder"} <= set(names)   # at the zip's root
+    assert f"lab/{HIDDEN_CHECKS_FILE}" in names and "labutils/pyproject.toml" in names
     os.symlink(sys.prefix, root / "venv")   # what setup.sh builds (tested on its own below)
     shutil.copytree(submission, root / "submission")
     return root
+
+
+def _unzip(zip_path: Path, dest: Path) -> list[str]:
+    """Unzip with the modes the zip records (zipfile's extractall drops them)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(dest)
+        for info in zf.infolist():
+            os.chmod(dest / info.filename, (info.external_attr >> 16) & 0o777)
+        return zf.namelist()
 
 
 def _gradescope_run(root: Path) -> dict:
@@ -197,8 +201,7 @@ def test_an_empty_submission_still_gets_a_results_json(tmp_path):
 def test_setup_sh_builds_the_autograder_environment_from_scratch(tmp_path):
     zip_path = gradescope.build(REPO / "labs" / "06_distributed_evaluation", tmp_path / "ag.zip")
     root = tmp_path / "autograder"
-    with zipfile.ZipFile(zip_path) as zf:
-        zf.extractall(root / "source")
+    _unzip(zip_path, root / "source")
     env = {**os.environ, gradescope.ROOT_ENV: str(root),
            # this machine reaches only its package mirrors, whose torch is the CPU build
            "LABUTILS_TORCH_INDEX": os.environ.get("LABUTILS_TORCH_INDEX", "")}

@@ -85,6 +85,19 @@ def test_failure_names_root_cause_and_victims(runs_dir):
     assert "fail_rank2.py:11" in text
 
 
+def test_collective_timeouts_are_reported_as_a_mismatch_with_every_ranks_call(runs_dir):
+    """Every rank gives up after the process group's timeout: nobody is blamed alone."""
+    display, out, _ = text_display()
+    result = launch(SCRIPTS / "timeout_mismatch.py", 2, display=display, hang_timeout=60)
+    assert result.reason == "failed" and result.exit_status == 1
+    mismatch = result.failure.mismatch
+    assert {r: (m["collective"], m["where"].rsplit("/", 1)[-1]) for r, m in mismatch.items()} == {
+        0: ("all_reduce", "timeout_mismatch.py:11"), 1: ("barrier", "timeout_mismatch.py:12")}
+    text = out.getvalue()
+    assert "collectives did not match" in text and "root cause" not in text
+    assert "rank 0 waited in all_reduce() at" in text and "rank 1 waited in barrier() at" in text
+
+
 def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     display, out, _ = text_display()
     hang_timeout = 3.0

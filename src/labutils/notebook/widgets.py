@@ -194,6 +194,9 @@ class WidgetDisplay(Display):
 
 def _role(result: RunResult, rank: RankResult) -> str:
     """What a rank's pane says it was in the run's end: the one to read first, or not."""
+    if result.failure and rank.rank in result.failure.mismatch:
+        call = result.failure.mismatch[rank.rank]["collective"]
+        return f"timed out in {call}()" if call else "timed out in a collective"
     if result.failure and rank.rank == result.failure.rank:
         return "root cause"
     if result.failure and rank.victim:

@@ -39,12 +39,36 @@ _VICTIM_PATTERNS = (
     "read error",
 )
 _COLLECTIVE_FILES = ("distributed_c10d.py",)
+# A collective that gave up waiting for its peers: gloo's timeout, NCCL's watchdog.
+_TIMEOUT_PATTERNS = (
+    "timed out waiting",
+    "watchdog caught collective operation timeout",
+    "collective operation timeout",
+)
+_TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$', re.M)
 
 
 def looks_like_victim(message: str) -> bool:
     """True for errors a rank gets when a peer died (gloo/NCCL connection loss)."""
     low = message.lower()
     return any(p in low for p in _VICTIM_PATTERNS)
+
+
+def is_collective_timeout(message: str) -> bool:
+    """True for the error of a collective whose peers never joined it (process-group timeout)."""
+    low = message.lower()
+    return any(p in low for p in _TIMEOUT_PATTERNS)
+
+
+def collective_in(traceback: str) -> str:
+    """The torch.distributed call a Python traceback ends in ('' if none): the outermost
+    frame in distributed_c10d.py is the public function the script called."""
+    frames = [Frame(f, int(line), func.strip()) for f, line, func in
+              _TRACEBACK_FRAME_RE.findall(traceback)]
+    names = [fr.func for fr in frames if fr.file.endswith(_COLLECTIVE_FILES)]
+    if names:
+        return names[0]
+    return "backward" if any(fr.func == "backward" and "torch" in fr.file for fr in frames) else ""
 
 
 def signal_name(exit_code: int | None) -> str:
@@ -70,6 +94,9 @@ class Failure:
     victims: list[int] = field(default_factory=list)
     exit_code: int | None = None
     also_failed: list[int] = field(default_factory=list)  # ranks that raised their own error
+    # Every rank that raised timed out in a collective: no rank is the root cause, the
+    # calls did not match. rank -> {"collective", "where" (file:line), "source"}.
+    mismatch: dict[int, dict] = field(default_factory=dict)
 
     def __iter__(self):
         return iter((self.rank, self.exc_type, self.message, self.file, self.line, self.traceback))
@@ -84,6 +111,7 @@ class Failure:
             "file": self.file, "line": self.line, "source": self.source,
             "victims": self.victims, "also_failed": self.also_failed,
             "exit_code": self.exit_code,
+            "mismatch": {str(r): m for r, m in self.mismatch.items()},
         }
 
 
@@ -121,6 +149,8 @@ def find_failure(
         return None
     candidates = sorted(exceptions.items(), key=lambda kv: kv[1].get("t", 0.0))
     primary = [kv for kv in candidates if not looks_like_victim(kv[1].get("message", ""))]
+    # a rank's own error outranks a timeout: its peers timed out waiting for it
+    primary.sort(key=lambda kv: is_collective_timeout(kv[1].get("message", "")))
     # A rank killed by a signal nobody on our side sent (SIGKILL from fault injection or
     # the OOM killer, a segfault) without an exception is a root cause too; SIGTERM is
     # how torchrun ends the peers of a failed rank.
@@ -172,6 +202,16 @@ def find_failure(
         if r != root.rank and not looks_like_victim(ev.get("message", ""))
     )
     root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
+    timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
+    if len(timed_out) >= 2 and all(r in timed_out for r, _ in primary):
+        # Each rank waited for peers that were in another call: blaming the first to give
+        # up would point at an innocent line. Show every rank's call instead.
+        root.mismatch = {r: {"collective": collective_in(ev.get("traceback", "")),
+                             "where": f"{_short(ev.get('file'))}:{ev.get('line')}",
+                             "source": ev.get("source", "")}
+                         for r, ev in sorted(timed_out.items())}
+        root.also_failed = sorted(r for r in timed_out if r != root.rank)
+        root.victims = sorted(r for r in involved if r not in timed_out)
     return root
 
 

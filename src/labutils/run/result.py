@@ -166,7 +166,9 @@ class RunResult:
             sig = signal_name(r.exit_code)
             extra = " (victim: died because a peer failed)" if r.victim else ""
             lines.append(f"  rank {r.rank}: {r.state}{code}{' ' + sig if sig else ''}{extra}")
-        if self.failure:
+        if self.failure and self.failure.mismatch:
+            lines.extend(self._mismatch_lines())
+        elif self.failure:
             f = self.failure
             message = f.message
             if traceback_shown and "\n" in message.strip():
@@ -199,6 +201,29 @@ class RunResult:
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
         return runfiles.shorten_build_paths("\n".join(lines))
+
+    def _mismatch_lines(self) -> list[str]:
+        f = self.failure
+        ranks = sorted(f.mismatch)
+        calls = {(m["collective"], m["where"]) for m in f.mismatch.values()}
+        lines = [f"collectives did not match: ranks {', '.join(map(str, ranks))} each timed out "
+                 "waiting in a collective (the process group's timeout) for peers that never "
+                 "joined it"]
+        for rank in ranks:
+            m = f.mismatch[rank]
+            call = f" in {m['collective']}()" if m["collective"] else ""
+            src = f"    {m['source']}" if m["source"] else ""
+            lines.append(f"  rank {rank} waited{call} at {m['where']}{src}")
+        if len(calls) > 1:
+            lines.append("  no rank alone is the cause: every rank must call the same "
+                         "collectives in the same order; compare the calls above")
+        else:
+            lines.append("  every rank waited in the same call: a rank was missing from it "
+                         "(an earlier call that did not match, or a group without it)")
+        if f.victims:
+            who = "rank" if len(f.victims) == 1 else "ranks"
+            lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because of it")
+        return lines
 
     def __str__(self) -> str:
         return self.summary()
