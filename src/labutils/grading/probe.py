@@ -13,7 +13,13 @@ when the script ends well, sends what it measured with report(probe=...):
   equality can be checked);
 - allreduce: how many gradient all-reduces DDP launched between optimizer steps,
   counted by labutils.course.ddp_probes.BucketRecorder as the communication hook (one call
-  per bucket).
+  per bucket);
+- files: what the rank did with files: every file it opened for writing (open(),
+  torch.save() to a path), every rename (os.replace, os.rename) and every torch.load(),
+  with the map_location it was given. Paths inside the working directory are relative
+  to it. A check can tell from them which ranks write a checkpoint, and whether they
+  load it onto their own device (map_location is harmless on CPU: on GPUs, a load
+  without it puts every rank's tensors on the GPU they were saved from).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import runpy
 import sys
 
-MEASURES = ("weights", "allreduce")
+MEASURES = ("weights", "allreduce", "files")
 
 
 def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs):
@@ -71,7 +77,71 @@ def _install(measures: set[str]) -> dict:
             state["counted"] = calls
 
         register_optimizer_step_post_hook(after_step)
+    if "files" in measures:
+        state["files"] = _watch_files()
     return state
+
+
+def _shown_path(path) -> str:
+    """A path as the checks compare it: relative to the working directory when inside it."""
+    full = os.path.abspath(os.fspath(path))
+    here = os.getcwd()
+    return os.path.relpath(full, here) if full.startswith(here + os.sep) else full
+
+
+def _shown_location(location) -> str | None:
+    """torch.load's map_location as text: None when none was given."""
+    if location is None:
+        return None
+    if callable(location):
+        return f"a function ({getattr(location, '__name__', type(location).__name__)})"
+    return str(location)
+
+
+def _watch_files() -> dict:
+    """Wrap open(), os.replace/os.rename and torch.save/torch.load to record what a rank
+    writes, renames and loads; the wrapped functions behave exactly as before."""
+    import builtins
+    import inspect
+    import io
+
+    import torch
+
+    seen: dict = {"writes": [], "renames": [], "loads": []}
+    original_open, original_save, original_load = builtins.open, torch.save, torch.load
+    original_replace, original_rename = os.replace, os.rename
+    load_signature = inspect.signature(original_load)
+
+    def watched_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+"):
+            seen["writes"].append(_shown_path(os.fsdecode(file)))
+        return original_open(file, mode, *args, **kwargs)
+
+    def watched_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            seen["writes"].append(_shown_path(f))
+        return original_save(obj, f, *args, **kwargs)
+
+    def watched_load(*args, **kwargs):
+        bound = load_signature.bind_partial(*args, **kwargs).arguments
+        file = bound.get("f")
+        seen["loads"].append({
+            "file": _shown_path(file) if isinstance(file, (str, os.PathLike)) else type(file).__name__,
+            "map_location": _shown_location(bound.get("map_location")),
+        })
+        return original_load(*args, **kwargs)
+
+    def renamer(original):
+        def watched(src, dst, *args, **kwargs):
+            result = original(src, dst, *args, **kwargs)
+            seen["renames"].append([_shown_path(os.fsdecode(src)), _shown_path(os.fsdecode(dst))])
+            return result
+        return watched
+
+    builtins.open = io.open = watched_open
+    torch.save, torch.load = watched_save, watched_load
+    os.replace, os.rename = renamer(original_replace), renamer(original_rename)
+    return seen
 
 
 def _send(measures: set[str], state: dict) -> None:
@@ -90,11 +160,13 @@ def _send(measures: set[str], state: dict) -> None:
     if "allreduce" in measures:
         calls = sum(len(r.calls) for r in state["recorders"])
         report(probe="allreduce", per_step=state["per_step"], after_last_step=calls - state["counted"])
+    if "files" in measures:
+        report(probe="files", **state["files"])
 
 
 def main(argv: list[str]) -> None:
     if "--" not in argv or argv[:1] != ["--measure"]:
-        raise SystemExit("usage: probe.py --measure weights,allreduce -- SCRIPT [ARGS...]")
+        raise SystemExit("usage: probe.py --measure weights,allreduce,files -- SCRIPT [ARGS...]")
     cut = argv.index("--")
     measures = set(filter(None, argv[1].split(","))) if cut == 2 else set()
     unknown = measures - set(MEASURES)

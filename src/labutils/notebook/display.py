@@ -57,6 +57,18 @@ class Display:
     def tick(self) -> None:
         """Called a few times a second: the moment to push coalesced updates."""
 
+    def debugger(self, rank: int, event: dict) -> None:
+        """A rank stopped at a breakpoint and waits for a debugger (event "state":
+        "waiting", with its "socket" and "where"), got one ("attached"), or went on
+        ("ended"). Nobody can type here (display="none"): the rank is told to continue."""
+        if event.get("state") == "waiting":
+            from labutils.runtime.debugger import Console
+
+            console = Console(event["socket"])
+            console.send("continue")
+            console.closed.wait(10)  # the rank ends the session once it has continued
+            console.close()
+
     def finish(self, result: RunResult) -> None:
         """The run ended; every process is gone."""
 
@@ -144,8 +156,10 @@ class TextDisplay(Display):
         limit: int | None = 200,
         tail_lines: int = 10,
         summary: bool = True,
+        console: bool = False,
     ) -> None:
         super().__init__()
+        self.console = console  # this terminal becomes the debugger of a rank at a breakpoint
         self._out = out
         self._err = err
         self.limit = limit
@@ -266,6 +280,22 @@ class TextDisplay(Display):
 
     def note(self, text: str) -> None:
         self.out.write(f"[labutils] {text}\n")
+
+    def debugger(self, rank: int, event: dict) -> None:
+        state = event.get("state")
+        if state == "ended":
+            self.note(f"rank {rank} left the debugger")
+        elif state == "waiting" and self.console:
+            self.note(f"rank {rank} stopped at {event.get('where', 'a breakpoint')}; this terminal "
+                      "is its debugger (pdb: c continues, q ends the run; the other ranks wait)")
+            from labutils.runtime.debugger import bridge_terminal
+
+            threading.Thread(target=bridge_terminal, args=(event["socket"],),
+                             kwargs={"stdout": self.out}, daemon=True).start()
+        elif state == "waiting":
+            self.note(f"rank {rank} stopped at {event.get('where', 'a breakpoint')}; the other ranks "
+                      f"wait. Debug it from a terminal: labutils debug {relative_path(self._log_dir)}"
+                      f" --rank {rank}")
 
     def tick(self) -> None:
         self._settle_all(idle_s=HOLD_S)

@@ -157,8 +157,15 @@ class RankPane:
         self.box = widgets.VBox([self.head, self.body],
                                 layout=widgets.Layout(min_width="0", overflow="hidden"))
         self.box.add_class("labutils-pane")
+        self.row: widgets.HBox | None = None       # the progress bar and its label
+        self.console: widgets.Widget | None = None  # a pdb text box while it is debugged
         self.dirty = True
         self.progress_dirty = False
+
+    def lay_out(self) -> None:
+        """The pane's parts, top to bottom: head, progress, lines, debugger input."""
+        parts = [self.head, self.row, self.body, self.console]
+        self.box.children = tuple(w for w in parts if w is not None)
 
     def head_html(self, now: float, t0: float) -> str:
         """The head's HTML: rank, state badge, time since ``t0`` (until it ended), role."""
@@ -171,9 +178,9 @@ class RankPane:
         if self.bar is None:
             self.bar = widgets.IntProgress(min=0, layout=widgets.Layout(flex="1", width="auto"))
             self.bar.add_class("labutils-progress")
-            row = widgets.HBox([self.bar, self.bar_label],
-                               layout=widgets.Layout(align_items="center", grid_gap="6px"))
-            self.box.children = (self.head, row, self.body)
+            self.row = widgets.HBox([self.bar, self.bar_label],
+                                    layout=widgets.Layout(align_items="center", grid_gap="6px"))
+            self.lay_out()
         p = self.progress
         if self.bar.max != p.total or self.bar.value != p.done:
             # max first when it grows, value first when it shrinks, so value <= max holds

@@ -28,6 +28,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from labutils.errors import LaunchConfigError, real_number
+from labutils.notebook.console import PaneConsole
 from labutils.notebook.display import Display
 # LineWindow, Progress and the constants were defined here before panes.py; the old
 # path labutils.widgets still names them.
@@ -69,6 +70,7 @@ class WidgetDisplay(Display):
         self._last_push = float("-inf")
         self._combined_dirty = self._notes_dirty = False
         self._stopping = False
+        self._consoles: dict[int, PaneConsole] = {}  # rank -> its debugger, while it lasts
 
     # ------------------------------------------------------------ Display API
     def start(self, *, world_size: int, log_dir: str, script: str) -> None:
@@ -136,12 +138,51 @@ class WidgetDisplay(Display):
         self._notes.append(text)
         self._notes_dirty = True
 
+    def debugger(self, rank: int, event: dict) -> None:
+        if not 0 <= rank < len(self.panes):
+            return
+        state, pane = event.get("state"), self.panes[rank]
+        if state == "waiting":
+            console = PaneConsole(rank, event["socket"])
+            where = event.get("where", "a breakpoint")
+            if console.live:
+                self._consoles[rank] = console
+                pane.console = console.widget
+                pane.lay_out()
+                self.note(f"rank {rank} stopped at {where}: type pdb commands in its pane "
+                          "(c continues, q ends the run); the other ranks wait")
+            else:  # no subshell: the box could not answer before the cell ends
+                console.close()
+                self.note(f"rank {rank} stopped at {where}; the other ranks wait. Debug it from "
+                          f"a terminal: labutils debug {self._log_dir} --rank {rank}")
+        elif state == "ended":
+            self._close_console(rank)
+
+    def _close_console(self, rank: int) -> None:
+        console = self._consoles.pop(rank, None)
+        if console is not None:
+            self._exchange(rank, console)
+            console.close()
+            self.panes[rank].console = None
+            self.panes[rank].lay_out()
+
+    def _exchange(self, rank: int, console: PaneConsole) -> None:
+        lines = console.exchange()
+        if lines:
+            self.lines(rank, "stdout", lines)
+
     def tick(self) -> None:
+        for rank, console in list(self._consoles.items()):
+            self._exchange(rank, console)
+            if console.closed:
+                self._close_console(rank)
         now = time.monotonic()
         if now - self._last_push >= self.interval_s:
             self.push(now)
 
     def finish(self, result: RunResult) -> None:
+        for rank in list(self._consoles):
+            self._close_console(rank)
         for rank in result.ranks:
             self.state(rank.rank, rank.state)
             if 0 <= rank.rank < len(self.panes):

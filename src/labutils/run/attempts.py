@@ -24,7 +24,7 @@ class RankState:
     """What is known about one rank (global rank number) while the run goes."""
 
     rank: int
-    state: str = "starting"  # starting | running | done | failed | killed | hung
+    state: str = "starting"  # starting | running | debugging | done | failed | killed | hung
     pid: int | None = None
     main_tid: int | None = None
     attempt: int = -1        # the attempt this rank last started in
@@ -33,6 +33,7 @@ class RankState:
     local: bool = True       # started by this launcher: its pid can be signalled
     exit_code: int | None = None
     exceptions: dict[int, dict] = field(default_factory=dict)  # attempt -> exception event
+    debugger: dict | None = None  # its debugger event while it waits in or for a debugger
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Attempt:
 #   ("record", rank, values)        a rank reported values
 #   ("fault", event)                a rank carried out an agent fault
 #   ("restart", attempt, note)      a new attempt began; note says how
+#   ("debugger", rank, event)       a rank waits for a debugger, got one, or went on
 Change = tuple
 
 
@@ -102,7 +104,15 @@ class AttemptFold:
         if kind == "exception":
             r.exceptions[r.attempt] = ev
             return self.set_state(r, "failed")
+        if kind == "debugger":
+            if ev.get("state") == "waiting":
+                r.debugger = ev
+            elif ev.get("state") == "ended":
+                r.debugger = None
+            return [("debugger", r.rank, ev)] + self.set_state(
+                r, "debugging" if r.debugger else "running")
         if kind == "exit":
+            r.debugger = None
             r.exit_code = int(ev.get("code", 0))
             return self.set_state(r, "done" if r.exit_code == 0 else "failed")
         return []

@@ -43,7 +43,7 @@ def _cmd_launch(ns: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _end_on)
     try:
-        result = launch(display=TextDisplay(limit=None), **kwargs)
+        result = launch(display=TextDisplay(limit=None, console=True), **kwargs)
     except KeyboardInterrupt:
         result = last_result()
         if result is not None and ns.json_file:
@@ -64,6 +64,35 @@ def _cmd_doctor(ns: argparse.Namespace) -> int:
         from labutils.course.doctor import format_report
 
         print(format_report(report))
+    return 0
+
+
+def _debug_parser(sub) -> None:
+    p = sub.add_parser(
+        "debug", help="attach this terminal to a rank that waits at a breakpoint",
+        description="Attach this terminal to the debugger of a rank of RUN_FOLDER that "
+        "stopped at breakpoint() or torch.distributed.breakpoint() (a run started from a "
+        "notebook in text mode says which). pdb's c continues, q ends the run. Exit status: "
+        "0 after the session, 2 when no rank of the run waits for a debugger.")
+    p.add_argument("run_folder", help="the run's folder (runs/...)")
+    p.add_argument("--rank", type=int, default=None, help="which rank (default: the one waiting)")
+
+
+def _cmd_debug(ns: argparse.Namespace) -> int:
+    from labutils.runtime.debugger import bridge_terminal, waiting_sockets
+
+    waiting = waiting_sockets(ns.run_folder)
+    if ns.rank is not None:
+        waiting = {r: s for r, s in waiting.items() if r == ns.rank}
+    if not waiting:
+        which = f"rank {ns.rank} of " if ns.rank is not None else "no rank of "
+        print(f"labutils debug: {which}{ns.run_folder} waits for a debugger"
+              f"{' now' if ns.rank is not None else ''}; expected a run folder with a rank "
+              "stopped at breakpoint()", file=sys.stderr)
+        return EXIT_USAGE
+    rank, path = min(waiting.items())
+    print(f"[labutils] attached to rank {rank} (pdb: c continues, q ends the run)", flush=True)
+    bridge_terminal(path)
     return 0
 
 
@@ -113,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _grade_parser(sub)
+    _debug_parser(sub)
     from labutils.cluster import kubernetes, slurm
     from labutils.grading import export, gradescope, release
 
@@ -147,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_doctor(ns)
         if ns.command == "grade":
             return _cmd_grade(ns)
+        if ns.command == "debug":
+            return _cmd_debug(ns)
         if getattr(ns, "handler", None):  # labutils k8s, labutils slurm
             return ns.handler(ns)
     except LabutilsError as exc:  # bad input, or a scheduler that does not answer

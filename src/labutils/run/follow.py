@@ -238,12 +238,15 @@ class Run:
         return self.fold.members(self.spec.world_size)
 
     def _hung(self) -> bool:
-        """Every rank has started in this attempt and at least one is still alive."""
+        """Every rank has started in this attempt, at least one is still alive, and none
+        is in a debugger."""
         if not self.fold.current:
             return False
         members = self._members()
         if self.shared:  # without a shared run folder only this node's ranks show
             members = [r for r in members if r.pid] or members
+        if any(r.debugger for r in members):
+            return False  # a rank is being debugged: the others wait for it, not hang
         started = all(r.attempt == self.fold.index and r.pid for r in members)
         return started and any(self.alive(r) for r in members)
 
@@ -307,6 +310,9 @@ class Run:
             self.display.note(change[2])
         elif kind == "fault":
             self._agent_fault_fired(change[1])
+        elif kind == "debugger":
+            self.last_activity = time.monotonic()  # silence counts from the session's end
+            self.display.debugger(change[1], change[2])
 
     def set_state(self, r: RankState, state: str) -> None:
         """Change a rank's state and show it."""

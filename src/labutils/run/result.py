@@ -257,7 +257,7 @@ class RunResult:
 
 
 STATE_COLORS = {
-    "starting": "#6e7781", "running": "#0969da", "done": "#1a7f37",
+    "starting": "#6e7781", "running": "#0969da", "debugging": "#bf8700", "done": "#1a7f37",
     "failed": "#cf222e", "hung": "#9a6700", "killed": "#8250df",
 }
 

@@ -12,6 +12,8 @@ the script's first line runs, the bootstrap
 - starts a progress watcher that writes a ``progress`` event whenever the main
   thread moved (its stack changed or it used CPU), the signal the hang detector
   reads;
+- routes breakpoint() and torch.distributed.breakpoint() to a debugger the learner
+  reaches from the notebook or a terminal (runtime/debugger.py);
 - runs the script as ``__main__`` and turns an uncaught exception into an
   ``exception`` event (type, message, file:line, traceback without these
   bootstrap frames), printing the same traceback to stderr as Python would;
@@ -33,7 +35,7 @@ import threading
 import time
 import traceback
 
-from labutils.runtime import runfiles
+from labutils.runtime import debugger, runfiles
 from labutils.runtime.frames import is_bootstrap, is_library
 from labutils.runtime.procs import die_with_parent
 
@@ -132,7 +134,7 @@ def describe_exception(exc: BaseException, script: str) -> dict:
         file, line = (where.filename, where.lineno) if where else (None, None)
     return {
         "exc_type": type(exc).__name__,
-        "message": str(exc),
+        "message": str(exc) or ("the debugger was quit (q)" if type(exc).__name__ == "BdbQuit" else ""),
         "file": file,
         "line": line,
         "source": (where.line or "").strip() if where else "",
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             args=(writer, main_ident, _StackRequests(run_dir, rank, stacks)),
         ).start()
 
+    debugger.install(rank, writer)  # breakpoint() reaches the learner's console
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
