@@ -48,6 +48,8 @@ failed = launch("scripts/train_steps.py", nproc=2,
     "hang": """\
 hung = launch("scripts/train_steps.py", nproc=2, hang_timeout=3,
               args=["--stuck-rank", "1", "--stuck-step", "5", "--sleep", "0.1"])""",
+    "debug": """\
+debugged = launch("scripts/breakpoint_rank1.py", nproc=2, hang_timeout=3)""",
 }
 CELL = {name: i for i, name in enumerate(CELLS)}
 
@@ -309,3 +311,32 @@ def test_a_hanging_run_shows_the_hang_report_with_the_straggler(scenario):
     assert waiting and "all_reduce" in waiting.group(0) and "straggler" not in waiting.group(0)
     assert view.progress(0) == (5, 40) and view.progress(1) == (5, 40), "bars stop at step 5"
     scenario.screenshot(cell, ARTIFACTS / "06-hang-report.png")
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_at_a_breakpoint_takes_pdb_commands_in_its_pane(scenario):
+    cell = CELL["debug"]
+    scenario.run(cell)
+    view = RunView(scenario.cell(cell))
+    box = view.panes.nth(1).locator(".labutils-debug-input input")
+    wait_for(lambda: box.count() == 1, timeout=120, what="a pdb text box in rank 1's pane")
+    wait_for(lambda: view.state(1) == "debugging", timeout=10, what="rank 1 shown debugging")
+    assert scenario.busy(cell)
+    assert "type pdb commands in its pane" in view.notes.inner_text()
+
+    def command(text: str, answer: str) -> None:
+        box.fill(text)
+        box.press("Enter")
+        wait_for(lambda: answer in view.body(1), timeout=30, what=f"{answer!r} in rank 1's pane")
+
+    command("p secret", "41")
+    scenario.page.wait_for_timeout(4000)   # past hang_timeout: a debugged rank is no hang
+    assert scenario.busy(cell) and view.state(1) == "debugging"
+    command("secret = 99", "(Pdb rank 1) secret = 99")
+    scenario.screenshot(cell, ARTIFACTS / "07-debugger-in-a-pane.png")
+    command("c", "rank 1 continues")
+    scenario.wait_finished(cell, timeout=60)
+    assert view.states() == ["done", "done"]
+    assert "rank 1: secret 99" in view.body(1)
+    assert box.count() == 0, "the text box goes once the session ends"
+    assert "run finished: 2 rank(s)" in view.summary.inner_text()

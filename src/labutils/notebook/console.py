@@ -36,9 +36,10 @@ class PaneConsole:
         self.box = widgets.Text(placeholder=f"pdb command for rank {rank}, then Enter "
                                 "(c continues, q ends the run)",
                                 continuous_update=False,
-                                layout=widgets.Layout(width="100%"))
+                                layout=widgets.Layout(flex="1", width="auto"))
         self.box.add_class("labutils-debug-input")
-        self.label = widgets.HTML(f"<code>{html.escape(self.prompt.strip())}</code>")
+        self.label = widgets.HTML(f"<code style='white-space:nowrap'>"
+                                  f"{html.escape(self.prompt.strip())}</code>")
         self.widget = widgets.HBox([self.label, self.box],
                                    layout=widgets.Layout(align_items="center", grid_gap="6px"))
         self.widget.add_class("labutils-debug")
