@@ -1,0 +1,156 @@
+"""Checks for lab 08: three bugs in one training script, each measured on its own.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+
+Each check measures one bug, whatever the state of the other two: the data each rank
+trained on; the weights against one process taking the same steps (built from the
+items the ranks reported, so the data bug does not change it); the saved checkpoint.
+"""
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from labutils.grading import check
+from regression import make_model, reference_model
+
+CKPT = "model.pt"
+CASE = {"items": 24, "epochs": 3, "batch_size": 4, "lr": 0.1, "seed": 0}
+
+
+def _args(case: dict) -> list:
+    return ["--items", case["items"], "--epochs", case["epochs"], "--batch-size",
+            case["batch_size"], "--lr", case["lr"], "--seed", case["seed"], "--ckpt", CKPT]
+
+
+def _run(c, nproc, case=CASE):
+    return c.run("train.py", nproc, args=_args(case), measure=["weights"])
+
+
+def _batches(run) -> dict:
+    """step -> (epoch, rank -> the items of that rank's batch)."""
+    steps = {}
+    for row in run.rows("epoch", "step", "indices"):
+        steps.setdefault(row["step"], (row["epoch"], {}))[1][row["rank"]] = row["indices"]
+    return steps
+
+
+def _data_parts(c, run, nproc: int, case: dict) -> None:
+    """Two parts: each epoch the ranks' items are a disjoint cover; each epoch a new order."""
+    items, epochs = case["items"], case["epochs"]
+    shares = {}  # epoch -> rank -> the items it trained on, in order
+    for step, (epoch, ranks) in sorted(_batches(run).items()):
+        for rank, indices in ranks.items():
+            shares.setdefault(epoch, {}).setdefault(rank, []).extend(indices)
+    problems = []
+    for epoch in range(epochs):
+        counts = Counter(i for share in shares.get(epoch, {}).values() for i in share)
+        twice, never = sum(n > 1 for n in counts.values()), items - len(counts)
+        if twice or never or len(shares.get(epoch, {})) != nproc:
+            problems.append(f"epoch {epoch}: {twice} items trained on more than once, "
+                            f"{never} never, reports from {len(shares.get(epoch, {}))} ranks")
+    c.expect(not problems, f"{nproc} ranks: each of the {items} items once per epoch",
+             measured="; ".join(problems[:2]) or f"every epoch covers the {items} items once",
+             expected=f"each epoch, the ranks' shares are disjoint and cover all {items} items")
+    repeats = []
+    for rank in range(nproc):
+        orders = [shares.get(e, {}).get(rank) for e in range(epochs)]
+        same = sum(orders[e] == orders[e - 1] for e in range(1, epochs))
+        if same:
+            repeats.append(f"rank {rank} repeated the previous epoch's order {same} time(s)")
+    c.expect(not repeats, f"{nproc} ranks: a new order in each of {epochs} epochs",
+             measured="; ".join(repeats) or "every epoch in a new order",
+             expected="a different order of items in every epoch, on every rank")
+
+
+def _weights_part(c, run, nproc: int, case: dict) -> None:
+    """One part: the final weights equal one process taking the same steps, batch by batch."""
+    steps = _batches(run)
+    short = [s for s, (_, ranks) in steps.items() if len(ranks) != nproc]
+    if not steps or short:
+        c.expect(False, f"{nproc} ranks: the steps each rank reported",
+                 measured=f"steps {short[:5]} reported by fewer than {nproc} ranks" if short
+                 else "no step reported", expected="report(step=..., indices=...) on every rank")
+        return
+    # the global batch of step k: every rank's batch of step k, together
+    batches = [[i for rank in sorted(ranks) for i in ranks[rank]]
+               for _, (_, ranks) in sorted(steps.items())]
+    reference = reference_model(batches, items=case["items"], lr=case["lr"], seed=case["seed"])
+    expected = [v for p in reference.parameters() for v in p.detach().flatten().tolist()]
+    got = run.probe("weights").get(0, {}).get("values", [])
+    if len(got) != len(expected):
+        c.expect(False, f"{nproc} ranks: the model", measured=f"{len(got)} weights",
+                 expected=f"{len(expected)} weights, the model of regression.py")
+        return
+    diff = max(abs(a - b) for a, b in zip(got, expected))
+    c.expect(diff <= 1e-5, f"{nproc} ranks, {len(batches)} steps: the same weights as one process "
+             "taking each step's whole batch at once",
+             measured=f"largest weight difference {diff:.2e}",
+             expected="at most 1e-5 (float rounding); a larger gap means the steps were not "
+                      "the gradient of each step's batch")
+
+
+def _checkpoint_part(c, run, nproc: int) -> None:
+    """One part: rank 0's checkpoint loads with strict=True into the plain model and
+    holds the final weights, bit for bit."""
+    label = (f"{nproc} ranks: {CKPT} loads into the plain model (strict=True), "
+             "with the trained weights")
+    # Checker.run starts each run in a working directory of its own, with the run's logs
+    # in <that directory>/runs/<run>: the checkpoint is two levels above the logs.
+    path = Path(run.result.log_dir).parents[1] / CKPT
+    if not path.is_file():
+        c.expect(False, label, measured=f"no {CKPT} after the run",
+                 expected=f"rank 0 saves the weights to --ckpt {CKPT}")
+        return
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model = make_model()
+        model.load_state_dict(state, strict=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the measured result
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        c.expect(False, label, measured=f"{type(exc).__name__}: {' '.join(lines)[:300]}",
+                 expected="keys the plain model has: " + ", ".join(make_model().state_dict()))
+        return
+    digest = hashlib.sha256()
+    for param in model.parameters():
+        digest.update(param.detach().contiguous().numpy().tobytes())
+    trained = run.probe("weights").get(0, {}).get("sha256")
+    c.expect(digest.hexdigest() == trained, label,
+             measured="loads, and holds the trained weights" if digest.hexdigest() == trained
+             else "loads, but its weights are not the trained ones",
+             expected="the weights of the model at the end of training, bit for bit")
+
+
+@check("Data: each epoch the ranks share the dataset exactly, in a new order, at 2 and 3 ranks",
+       points=4)
+def data_sharding(c):
+    for nproc in (2, 3):
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks", weight=2):
+            _data_parts(c, run, nproc, CASE)
+
+
+@check("Gradients: the weights equal one process taking each step's whole batch, at 2 and 3 ranks",
+       points=4)
+def same_as_one_process(c):
+    for nproc in (2, 3):
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks"):
+            _weights_part(c, run, nproc, CASE)
+
+
+@check(f"Checkpoint: {CKPT} loads with strict=True into the plain model", points=3)
+def checkpoint_loads(c):
+    run = _run(c, 2)
+    if c.completed(run, "2 ranks"):
+        _checkpoint_part(c, run, 2)
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

@@ -1,0 +1,102 @@
+"""Checks for lab 09: BatchNorm statistics across ranks whose data differ.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+
+The reference is one process training the same model with plain BatchNorm, each step
+on every rank's batch of that step together (shards.reference_model).
+
+Tolerance: a correct synchronisation computes the same statistics as the reference,
+only with sums taken in another order, so they differ by float32 rounding (about 1e-7
+after these few steps). Statistics that are not the global batch's (each rank's own,
+rank 0's, an average of the ranks' statistics) or gradients that ignore the other
+ranks' items are off by 5e-2 or more. 1e-4 separates the two by orders of magnitude.
+"""
+
+from labutils.grading import check
+from shards import reference_model
+
+TOLERANCE = 1e-4
+CASE = {"steps": 6, "batch_size": 8, "lr": 0.1, "seed": 0}
+
+
+def _run(c, nproc, case=CASE):
+    return c.run("train.py", nproc, args=["--steps", case["steps"], "--batch-size",
+                                          case["batch_size"], "--lr", case["lr"],
+                                          "--seed", case["seed"]])
+
+
+def _statistics(run) -> dict:
+    """rank -> (running_mean, running_var), as each rank reported them at the end."""
+    return {r["rank"]: (r["running_mean"], r["running_var"])
+            for r in run.rows("running_mean", "running_var")}
+
+
+def _reported(c, run, nproc: int) -> dict | None:
+    stats = _statistics(run)
+    if sorted(stats) != list(range(nproc)):
+        c.expect(False, f"{nproc} ranks: the statistics each rank reported",
+                 measured=f"reports from ranks {sorted(stats)}",
+                 expected="report(running_mean=..., running_var=...) on every rank")
+        return None
+    return stats
+
+
+def _identical_part(c, run, nproc: int) -> None:
+    """One part: every rank's running statistics equal rank 0's, bit for bit."""
+    stats = _reported(c, run, nproc)
+    if stats is None:
+        return
+    gap = max(abs(a - b) for rank in stats for which in (0, 1)
+              for a, b in zip(stats[rank][which], stats[0][which]))
+    c.expect(gap == 0, f"{nproc} ranks: running_mean and running_var the same on every rank",
+             measured=f"identical on the {nproc} ranks" if gap == 0
+             else f"they differ between ranks, by up to {gap:.2e}",
+             expected="identical on every rank (each rank evaluates with them)")
+
+
+def _reference_part(c, run, nproc: int, case: dict) -> None:
+    """One part: every rank's running statistics equal the one-process reference's."""
+    stats = _reported(c, run, nproc)
+    if stats is None:
+        return
+    norm = reference_model(world_size=nproc, steps=case["steps"], batch_size=case["batch_size"],
+                           lr=case["lr"], seed=case["seed"])[1]
+    want = (norm.running_mean.tolist(), norm.running_var.tolist())
+    if any(len(got[which]) != len(want[which]) for got in stats.values() for which in (0, 1)):
+        c.expect(False, f"{nproc} ranks: the statistics", measured="another number of channels",
+                 expected=f"{len(want[0])} channels, the BatchNorm layer of shards.make_model")
+        return
+    gaps = [max(abs(a - b) for a, b in zip(got[which], want[which]))
+            for got in stats.values() for which in (0, 1)]
+    mean_gap = max(gaps[0::2])
+    var_gap = max(gaps[1::2])
+    c.expect(max(gaps) <= TOLERANCE,
+             f"{nproc} ranks x batch {case['batch_size']}, {case['steps']} steps: the statistics "
+             f"of one process with BatchNorm on the whole batch of {nproc * case['batch_size']}",
+             measured=f"largest difference: running_mean {mean_gap:.2e}, running_var {var_gap:.2e}",
+             expected="at most 1e-4 on every rank (float rounding)")
+
+
+@check("Every rank ends with the same BatchNorm statistics, at 2 and 3 ranks", points=3)
+def same_on_every_rank(c):
+    for nproc in (2, 3):
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks"):
+            _identical_part(c, run, nproc)
+
+
+@check("The running statistics equal BatchNorm on the whole batch in one process, at 2 and 3 ranks",
+       points=4)
+def equals_whole_batch(c):
+    for nproc in (2, 3):
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks"):
+            _reference_part(c, run, nproc, CASE)
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

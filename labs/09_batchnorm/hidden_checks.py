@@ -1,0 +1,18 @@
+"""Checks only the grader runs (never in a learner's copy of the lab): the same fix,
+measured in a case the public checks do not show: 3 ranks with 5 items each, 9
+steps, another learning rate and seed."""
+
+from checks import _identical_part, _reference_part, _run
+
+from labutils.grading import check
+
+OTHER = {"steps": 9, "batch_size": 5, "lr": 0.05, "seed": 4}
+
+
+@check("In another case (3 ranks x batch 5, 9 steps, seed 4): the same statistics on every "
+       "rank, equal to BatchNorm on the whole batch", points=2, visibility="after_published")
+def whole_batch_elsewhere(c):
+    run = _run(c, 3, OTHER)
+    if c.completed(run, "3 ranks", weight=2):
+        _identical_part(c, run, 3)
+        _reference_part(c, run, 3, OTHER)

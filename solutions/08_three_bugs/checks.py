@@ -1,0 +1,1 @@
+../../labs/08_three_bugs/checks.py

@@ -1,0 +1,1 @@
+../../labs/09_batchnorm/shards.py
