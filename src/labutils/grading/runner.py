@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,16 +50,35 @@ def load_checks(checks_dir: Path, file: str = CHECKS_FILE):
     return module
 
 
+_LOADING = threading.Lock()  # one lab's checks at a time: they share sys.modules["checks"]
+
+
 def lab_checks(checks_dir: Path, *, hidden: bool) -> list:
     """The lab's @check functions: checks.py's, then (hidden=True) hidden_checks.py's,
     each marked hidden."""
-    found = collect_checks(load_checks(checks_dir))
-    if hidden and (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file():
-        secret = collect_checks(load_checks(checks_dir, HIDDEN_CHECKS_FILE))
-        for fn in secret:
-            fn.__labutils_check__.hidden = True
-        found += secret
+    with _LOADING:
+        public = load_checks(checks_dir)
+        found = collect_checks(public)
+        if hidden and (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file():
+            secret = collect_checks(_load_hidden(checks_dir, public))
+            for fn in secret:
+                fn.__labutils_check__.hidden = True
+            found += secret
     return found
+
+
+def _load_hidden(checks_dir: Path, public):
+    """hidden_checks.py, whose `from checks import ...` must get this lab's checks.py
+    (a process that loads several labs, as the grader does, has seen other labs' too)."""
+    before = sys.modules.get("checks")
+    sys.modules["checks"] = public
+    try:
+        return load_checks(checks_dir, HIDDEN_CHECKS_FILE)
+    finally:
+        if before is None:
+            sys.modules.pop("checks", None)
+        else:
+            sys.modules["checks"] = before
 
 
 def hidden_summary(folder: Path) -> dict:
@@ -68,8 +88,9 @@ def hidden_summary(folder: Path) -> dict:
     if (folder / HIDDEN_CHECKS_FILE).is_file():
         saved = list(sys.path)
         try:
-            specs = [fn.__labutils_check__ for fn in
-                     collect_checks(load_checks(folder, HIDDEN_CHECKS_FILE))]
+            with _LOADING:
+                specs = [fn.__labutils_check__ for fn in
+                         collect_checks(_load_hidden(folder, load_checks(folder)))]
         finally:
             sys.path[:] = saved
         return {"count": len(specs), "points": sum(s.points for s in specs)}

@@ -1,0 +1,194 @@
+"""Checks for lab 12: a collective that only some ranks call, and where the hang waits.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+"""
+
+import json
+import math
+
+from labutils.grading import check
+
+GLOBAL_BATCH = 12          # readings per step, at every world size
+RUNS = {2: 6, 3: 4}        # world size -> batch size per rank
+STEPS = 96 // GLOBAL_BATCH
+HANG_TIMEOUT = 5           # every rank prints or reports each step: 5 s of silence is a hang
+# train.py as the lab gives it, hang included: the diagnosis is compared with its hang
+# report, in the notebook's run (2 ranks, --batch-size 6).
+ORIGINAL = "original/train.py"
+DIAGNOSED = (2, ["--batch-size", RUNS[2]])
+ANSWER = "runs/diagnosis.json"  # written by the notebook's diagnosis-save cell
+
+
+def _run(c, nproc, *more):
+    return c.run("train.py", nproc, args=["--batch-size", RUNS[nproc], *more], measure=["weights"],
+                 hang_timeout=HANG_TIMEOUT)
+
+
+def _finished(c, nproc, *more):
+    """The run at nproc ranks if it finished, else None with a failed part recorded.
+
+    A script that did not finish at 2 ranks with the lab's data is not launched again
+    (every hang costs HANG_TIMEOUT seconds)."""
+    label = " ".join([f"{nproc} ranks", *map(str, more)])
+    first = min(RUNS)
+    if (nproc, more) != (first, ()) and not _run(c, first).ok:
+        c.expect(False, label, measured=f"not tried, since it did not finish at {first} ranks",
+                 expected="the run finishes")
+        return None
+    run = _run(c, nproc, *more)
+    return run if c.completed(run, label) else None
+
+
+def _reference(c):
+    """The lab's train.py on one rank, the whole batch at once: right as it is, since in a
+    world of one no rank waits for another."""
+    return c.run(c.lab_file(ORIGINAL), 1, args=["--batch-size", GLOBAL_BATCH], measure=["weights"],
+                 hang_timeout=HANG_TIMEOUT)
+
+
+def _skipped(run) -> dict[int, list[int]]:
+    """rank -> the steps it reported as skipped."""
+    skipped = {}
+    for row in run.rows("step", "skipped"):
+        skipped.setdefault(row["rank"], [])
+        if row["skipped"]:
+            skipped[row["rank"]].append(row["step"])
+    return skipped
+
+
+def _weights(run) -> dict[int, tuple[list[float], str]]:
+    """rank -> (values, sha256) of the DDP model at the end; NaN stays NaN."""
+    return {rank: ([float(v) for v in r["values"]], r["sha256"])
+            for rank, r in run.probe("weights").items()}
+
+
+def _largest_difference(values, reference) -> float:
+    gaps = [abs(a - b) for a, b in zip(values, reference)]
+    if len(values) != len(reference) or not all(math.isfinite(g) for g in gaps):
+        return math.nan
+    return max(gaps, default=0.0)
+
+
+def _same_steps_skipped(c, run, nproc: int, expected: list[int]) -> None:
+    skipped = _skipped(run)
+    wrong = {rank: steps for rank, steps in skipped.items() if steps != expected}
+    c.expect(len(skipped) == nproc and not wrong, f"{nproc} ranks: steps skipped on every rank",
+             measured=", ".join(f"rank {r}: {s}" for r, s in sorted(skipped.items())) or "no reports",
+             expected=f"{expected} on each of the {nproc} ranks, the steps whose readings hold a "
+                      "corrupt one")
+
+
+def _number(value) -> int | None:
+    """57, 57.0, "57" and "train.py:57" all mean 57; anything else (None too) means no answer."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    digits = str(value).rsplit(":", 1)[-1].strip()
+    return int(digits) if digits.isdigit() else None
+
+
+def _answer(c) -> dict | str:
+    """The learner's diagnosis, {"rank": ..., "line": ...} as saved, or why there is none."""
+    path = c.learner_file(ANSWER)
+    if not path.is_file():
+        return f"no {ANSWER}: run the notebook's diagnosis cells"
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError:
+        return f"{ANSWER} is not valid JSON: run the notebook's diagnosis cells again"
+    if not isinstance(saved, dict):
+        return f"{ANSWER} holds {saved!r}, not the notebook's answer"
+    return saved
+
+
+@check("Training finishes at 2 and 3 ranks (no hang)", points=3)
+def finishes(c):
+    for nproc in RUNS:
+        run = _finished(c, nproc)
+        if run is None:
+            continue
+        done = {r["rank"] for r in run.rows("step", "skipped") if r["step"] == STEPS - 1}
+        c.expect(len(done) == nproc, f"{nproc} ranks: {STEPS} steps",
+                 measured=f"finished in {run.result.duration_s:.1f} s; ranks that reached the last "
+                          f"step: {sorted(done)}",
+                 expected=f"every rank reports each of the {STEPS} steps, skipped or not")
+
+
+@check("Every rank skips exactly the steps whose readings hold a corrupt one", points=2)
+def skips_the_corrupt_steps(c):
+    reference = _reference(c)
+    if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH} (the reference)"):
+        return
+    expected = _skipped(reference).get(0, [])
+    for nproc in RUNS:
+        run = _finished(c, nproc)
+        if run is not None:
+            _same_steps_skipped(c, run, nproc, expected)
+
+
+@check("The weights are the same on every rank and equal one process on the whole batch", points=3)
+def equals_one_process(c):
+    reference = _reference(c)
+    if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH} (the reference)"):
+        return
+    expected = _weights(reference)[0][0]
+    for nproc, batch in RUNS.items():
+        run = _finished(c, nproc)
+        if run is None:
+            continue
+        weights = _weights(run)
+        digests = {rank: digest[:12] for rank, (_, digest) in sorted(weights.items())}
+        gaps = [_largest_difference(values, expected) for values, _ in weights.values()]
+        diff = max(gaps) if gaps and not any(math.isnan(g) for g in gaps) else math.nan
+        c.expect(len(digests) == nproc and len(set(digests.values())) == 1 and diff <= 1e-5,
+                 f"{nproc} ranks x batch {batch} = 1 rank x batch {GLOBAL_BATCH}",
+                 measured=f"sha256 per rank {digests}; largest difference from one process "
+                          f"{diff:.2e}",
+                 expected="bitwise identical weights on every rank, at most 1e-5 from one process")
+
+
+@check("The diagnosis names the rank that called a collective no other rank called, and its line",
+       points=2)
+def diagnosis(c):
+    wanted = {"rank": "the rank that waits in a collective which no other rank called, in the "
+                      f"hang report of train.py as the lab gives it, at {DIAGNOSED[0]} ranks",
+              "line": "the line of train.py, as the lab gives it, where that rank waits"}
+    saved = _answer(c)
+    if isinstance(saved, str):
+        for key in wanted:
+            c.expect(False, f"hung_{key}", measured=saved, expected=wanted[key])
+        return
+    given = {key: _number(saved.get(key)) for key in wanted}
+    for key in [k for k, v in given.items() if v is None]:
+        c.expect(False, f"hung_{key}", measured=f"hung_{key} = {saved.get(key)!r}",
+                 expected=f"a number: {wanted[key]}")
+    if all(v is None for v in given.values()):
+        return  # nothing to compare: no need to launch the hanging script
+    nproc, args = DIAGNOSED
+    run = c.run(c.lab_file(ORIGINAL), nproc, args=args, hang_timeout=HANG_TIMEOUT)
+    hang = run.result.hang if run.result is not None else None
+    if hang is None:
+        raise RuntimeError(f"the lab's {ORIGINAL} did not hang at {nproc} ranks "
+                           f"({run.problem or 'it finished'}); the diagnosis cannot be compared")
+    # Every rank calls the gradient all-reduce in backward() at every step; the rank that
+    # waits anywhere else called a collective of its own.
+    odd = [rank for rank, call in sorted(hang.calls.items()) if call != "backward"]
+    if len(odd) != 1:
+        raise RuntimeError(f"the hang report of the lab's {ORIGINAL} shows no single odd rank: "
+                           f"{hang.waiting}")
+    truth = {"rank": odd[0], "line": int(hang.waiting[odd[0]].rsplit(":", 1)[1])}
+    for key, value in given.items():
+        if value is not None:
+            c.expect(value == truth[key], f"hung_{key}", measured=f"hung_{key} = {saved.get(key)!r}",
+                     expected=wanted[key])
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

@@ -1,0 +1,34 @@
+"""Checks only the grader runs (never in a learner's copy of the lab): the same fix,
+measured in a case the public checks do not show: other corrupt readings.
+
+--seed 8 --corrupt 3 puts the corrupt readings at items 52, 57 and 74: at 3 ranks,
+ranks 1 and 0 both hold one in step 4, and rank 2 alone in step 6 (12 readings a step).
+"""
+
+import math
+
+from checks import STEPS, _finished, _same_steps_skipped, _weights
+
+from labutils.grading import check
+
+OTHER = ["--seed", 8, "--corrupt", 3]
+SKIPPED = [4, 6]
+
+
+@check("Other corrupt readings (two ranks in one step, then rank 2), at 3 ranks: the same steps "
+       "skipped and the same weights on every rank", points=2, visibility="after_published")
+def other_corrupt_readings(c):
+    nproc = 3
+    run = _finished(c, nproc, *OTHER)
+    if run is None:
+        return
+    _same_steps_skipped(c, run, nproc, SKIPPED)
+    weights = _weights(run)
+    digests = {rank: digest[:12] for rank, (_, digest) in sorted(weights.items())}
+    finite = all(math.isfinite(v) for values, _ in weights.values() for v in values)
+    c.expect(len(digests) == nproc and len(set(digests.values())) == 1 and finite,
+             f"{nproc} ranks: identical, finite weights after {STEPS} steps",
+             measured=f"sha256 per rank {digests}" + ("" if finite else "; some weights are NaN"),
+             expected="bitwise identical weights on every rank, none NaN (no corrupt reading "
+                      "trained on)")
+

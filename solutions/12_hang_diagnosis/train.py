@@ -1,0 +1,70 @@
+"""Train a regression model on sensor readings with DistributedDataParallel, skipping corrupt ones.
+
+A few readings in the dataset are corrupt: the sensor glitched and left a NaN
+target. One NaN in a batch turns the loss into NaN, and after the optimizer step
+every weight, so a step whose batch holds a corrupt reading is skipped, on every
+rank: the ranks must take the same steps, or their weights part ways.
+
+Run it on 2 ranks (3 or 4 work too):
+
+    torchrun --nproc-per-node 2 train.py --batch-size 6
+    labutils launch -n 2 train.py -- --batch-size 6
+
+Each rank reports every step, trained on or skipped: report(step=..., skipped=...).
+"""
+
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from labutils.dist import init, print0, report
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--items", type=int, default=96, help="dataset size (one pass)")
+parser.add_argument("--batch-size", type=int, default=6, help="per rank")
+parser.add_argument("--corrupt", type=int, default=2, help="corrupt readings in the dataset")
+parser.add_argument("--seed", type=int, default=0, help="picks the readings and the corrupt ones")
+args = parser.parse_args()
+
+rank, world_size, device = init()
+
+# The same readings on every rank, from a random stream of their own (the weights
+# have theirs); --corrupt of them have a NaN target.
+g = torch.Generator().manual_seed(100 + args.seed)
+features = torch.randn(args.items, 4, generator=g)
+targets = features @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(args.items, 1, generator=g)
+targets[torch.randperm(args.items, generator=g)[:args.corrupt]] = float("nan")
+dataset = TensorDataset(features, targets)
+# No shuffling: together the ranks' k-th batches hold the readings k*B .. (k+1)*B - 1,
+# with B = world size x batch size.
+sampler = DistributedSampler(dataset, shuffle=False)
+loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)).to(device))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+for step, (x, y) in enumerate(loader):
+    x, y = x.to(device), y.to(device)
+    # Every rank votes at every step, whatever its data: a collective must be called by
+    # every rank, in the same order, so it cannot sit in a branch that only the rank with
+    # the corrupt reading takes (the others never knew they had to listen).
+    corrupt = torch.isnan(y).any().float().reshape(1)
+    dist.all_reduce(corrupt)  # how many ranks hold a corrupt reading in this step
+    if corrupt.item() > 0:
+        print0(f"step {step}: {int(corrupt.item())} rank(s) hold a corrupt reading, skipping the step")
+        report(step=step, skipped=True)
+        continue
+    loss = F.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    report(step=step, skipped=False, loss=loss.item())
+    print0(f"step {step}: loss {loss.item():.4f}")
+
+dist.destroy_process_group()
