@@ -1,0 +1,138 @@
+"""Checks for lab 10: checkpoints that survive a rank killed while it writes them.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+
+The runs go through the grader's probe (measure=["files"]), which records what each
+rank does with files: what it opens for writing, what it renames, and the arguments
+of every torch.load().
+"""
+
+from labutils.grading import check
+
+STEPS = 10
+CKPT = "checkpoint.pt"
+BETWEEN = {"rank": 1, "step": 5}                        # after step 5, its checkpoint done
+WHILE_SAVING = {"rank": 0, "step": 5, "phase": "saving"}  # halfway through step 5's checkpoint
+
+
+def _plain(c, nproc: int = 2):
+    return c.run("train.py", nproc, args=["--steps", STEPS], measure=["weights", "files"])
+
+
+def _killed(c, fault: dict, nproc: int = 2):
+    return c.run("train.py", nproc, args=["--steps", STEPS], measure=["weights", "files"],
+                 fault=fault, max_restarts=1)
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def _in_place(run) -> list[int]:
+    """Ranks that write the checkpoint file itself (open it for writing, torch.save to it)."""
+    return sorted(rank for rank, seen in run.probe("files").items() if CKPT in seen["writes"])
+
+
+def _writers(run) -> list[int]:
+    """Ranks that put something at the checkpoint's path: in place, or by renaming onto it."""
+    return sorted(rank for rank, seen in run.probe("files").items()
+                  if CKPT in seen["writes"] or any(dst == CKPT for _, dst in seen["renames"]))
+
+
+def _same_weights(c, plain, killed, label: str) -> None:
+    want, got = plain.probe("weights"), killed.probe("weights")
+    same = bool(want) and all(got.get(r, {}).get("sha256") == want[r]["sha256"] for r in want)
+    diff = max((abs(a - b) for r in want if r in got
+                for a, b in zip(got[r]["values"], want[r]["values"])), default=float("nan"))
+    c.expect(same, label, measured="bitwise equal" if same else f"weights differ, by up to {diff:.3g}",
+             expected="bitwise equal weights on every rank (sha256)")
+
+
+def _kill_while_saving(c, nproc: int, fault: dict) -> None:
+    """Kill a rank halfway through writing a checkpoint; the resumed run must end as if
+    it had never been killed."""
+    label = (f"{nproc} ranks, rank {fault['rank']} killed halfway through the step-{fault['step']} "
+             "checkpoint, --max-restarts 1")
+    plain, killed = _plain(c, nproc), _killed(c, fault, nproc)
+    if not c.completed(plain, f"{nproc} ranks, uninterrupted run"):
+        return
+    in_place = _in_place(plain)
+    if len(in_place) > 1:
+        # Each of them truncates the file and writes it again: whether the file is whole
+        # after the kill depends on whose write came last. A pass would be luck.
+        this_time = "the restarted run went through" if killed.ok else killed.problem
+        c.expect(False, label,
+                 measured=f"{_ranks(in_place)} write {CKPT} in place, so what is on disk after "
+                          f"the kill depends on which rank wrote last (this time: {this_time})",
+                 expected=f"{CKPT} only ever replaced by a complete file, and the resumed run "
+                          "ending with the weights of an uninterrupted run")
+        return
+    if killed.ok and killed.restarts == 0:
+        c.expect(False, label,
+                 measured=f"the kill never happened: rank {fault['rank']} never reported "
+                          f"step={fault['step']}, phase=\"saving\"",
+                 expected="rank 0 writes the checkpoint, and write_checkpoint() still reports "
+                          "each chunk (that is where the rank is killed)")
+        return
+    if not c.completed(killed, label, restarts=1):
+        return
+    _same_weights(c, plain, killed, label)
+
+
+@check("A rank killed between two checkpoints: the run resumes and ends with exactly the "
+       "weights of an uninterrupted run", points=2)
+def kill_between_checkpoints(c):
+    plain, killed = _plain(c), _killed(c, BETWEEN)
+    label = f"2 ranks, rank {BETWEEN['rank']} killed after step {BETWEEN['step']}, --max-restarts 1"
+    if c.completed(plain, "2 ranks, uninterrupted run") and c.completed(killed, label, restarts=1):
+        _same_weights(c, plain, killed, label)
+
+
+@check(f"One rank writes {CKPT}, at 2 and 3 ranks", points=3)
+def one_writer(c):
+    for nproc in (2, 3):
+        run = _plain(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        writers = _writers(run)
+        c.expect(len(writers) == 1, f"{nproc} ranks",
+                 measured=f"{_ranks(writers)} wrote {CKPT}" if writers else f"no rank wrote {CKPT}",
+                 expected=f"one rank (rank 0) writes {CKPT}; the others hold the same state")
+
+
+@check(f"Rank 0 killed halfway through writing {CKPT}: the run resumes and ends with exactly "
+       "the weights of an uninterrupted run", points=4)
+def kill_while_saving(c):
+    _kill_while_saving(c, 2, WHILE_SAVING)
+
+
+@check("Every rank that loads the checkpoint gives torch.load a map_location", points=2)
+def map_location(c):
+    run = _killed(c, BETWEEN)
+    label = "2 ranks, the restarted run"
+    if not c.completed(run, label, restarts=1):
+        return
+    loads = {rank: seen["loads"] for rank, seen in run.probe("files").items() if seen["loads"]}
+    if not loads:
+        c.expect(False, label, measured="no rank called torch.load",
+                 expected="the restarted run loads the checkpoint")
+        return
+    missing = sorted(rank for rank, calls in loads.items()
+                     if any(call["map_location"] is None for call in calls))
+    given = sorted({call["map_location"] for calls in loads.values() for call in calls} - {None})
+    c.expect(not missing, label,
+             measured=(f"{_ranks(missing)} called torch.load without map_location" if missing
+                       else f"map_location={', '.join(given)} on {_ranks(loads)}"),
+             expected="torch.load(..., map_location=<this rank's device>) on every rank that "
+                      "loads")
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

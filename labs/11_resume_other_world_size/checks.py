@@ -1,0 +1,209 @@
+"""Checks for lab 11: a run saved at one world size resumes at another.
+
+Run them yourself from this folder (the grader runs the same ones):
+
+    python checks.py
+
+A run at 3 ranks stops after 4 steps; a run at 2 ranks, pointed at the same checkpoint
+directory, trains on to 10 steps. Both are compared with a run that trained all 10
+steps at 2 ranks, never stopped.
+
+Not bitwise: at 3 ranks each rank averages the gradient of 4 items and the all-reduce
+adds 3 such averages; at 2 ranks, 6 items and 2 averages. The same sum in another
+order rounds differently: an uninterrupted run at 3 ranks and one at 2 differ by about
+2e-7 in a loss and 6e-8 in a weight after 10 steps. The checks allow TOLERANCE = 1e-5,
+50 times that; losing SGD's momentum at the resume moves the losses by about 0.1 and
+the weights by about 0.03, and a repeated or skipped step more.
+"""
+
+import math
+import os
+import re
+from collections import Counter
+
+from labutils.grading import check
+
+STEPS = 10
+TOLERANCE = 1e-5
+
+
+def _reference(c):
+    return c.run("train.py", 2, args=["--steps", STEPS], measure=["weights"])
+
+
+def _ckpt_dir(c, saved_at: int, resumed_at: int) -> str:
+    return str(c.scratch / f"checkpoint-{saved_at}-to-{resumed_at}")
+
+
+def _stop(c, saved_at: int, resumed_at: int, stop: int):
+    """The run that trains `stop` steps at saved_at ranks and saves a checkpoint."""
+    return c.run("train.py", saved_at,
+                 args=["--steps", stop, "--ckpt-dir", _ckpt_dir(c, saved_at, resumed_at)])
+
+
+def _stop_and_resume(c, saved_at: int, resumed_at: int, stop: int):
+    """The run that stops after `stop` steps at saved_at ranks, and the run that resumes
+    from its checkpoint at resumed_at ranks; the second is None when the first failed
+    (it would start from scratch and say nothing about a resume)."""
+    folder = _ckpt_dir(c, saved_at, resumed_at)
+    first = _stop(c, saved_at, resumed_at, stop)
+    if not c.completed(first, f"{saved_at} ranks, {stop} steps, then a checkpoint"):
+        return first, None
+    second = c.run("train.py", resumed_at, args=["--steps", STEPS, "--ckpt-dir", folder],
+                   measure=["weights"])
+    if not c.completed(second, f"{resumed_at} ranks, resumed, on to {STEPS} steps"):
+        return first, None
+    return first, second
+
+
+def _steps_list(steps) -> str:
+    steps = sorted(steps)
+    return ", ".join(map(str, steps[:-1])) + (" and " if len(steps) > 1 else "") + str(steps[-1])
+
+
+def _global_batches(*runs) -> list[tuple[int, list[int]]]:
+    """(step, the items every rank trained on in it, sorted), in the order the runs ran
+    them."""
+    batches = []
+    for run in runs:
+        here: dict[int, list[int]] = {}
+        for row in run.rows("step", "items"):
+            here.setdefault(row["step"], []).extend(row["items"])
+        batches += [(step, sorted(items)) for step, items in sorted(here.items())]
+    return batches
+
+
+def _losses(*runs) -> dict[int, float]:
+    """step -> the mean of the ranks' losses, from the run that ran it last."""
+    losses: dict[int, float] = {}
+    for run in runs:
+        here: dict[int, list[float]] = {}
+        for row in run.rows("step", "loss"):
+            here.setdefault(row["step"], []).append(row["loss"])
+        losses.update({step: sum(v) / len(v) for step, v in here.items()})
+    return losses
+
+
+def _data_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> None:
+    """Every step runs once over the two runs, on the items of the reference's step."""
+    label = f"saved at {saved_at} ranks after {stop} steps, resumed at {resumed_at}"
+    reference = _reference(c)
+    if not c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted"):
+        return
+    ran = Counter(row["step"] for run in (first, second) for row in run.rows("step", "items")
+                  if row["rank"] == 0)
+    twice = [s for s in range(STEPS) if ran[s] > 1]
+    never = [s for s in range(STEPS) if ran[s] == 0]
+    problems = ([f"steps {_steps_list(twice)} ran twice"] if twice else []) + \
+               ([f"steps {_steps_list(never)} never ran"] if never else [])
+    resumed_steps = sorted(row["step"] for row in second.rows("step") if row["rank"] == 0)
+    c.expect(not problems, f"{label}: steps 0 to {STEPS - 1}, each once",
+             measured="; ".join(problems) + f" (the resumed run ran steps {resumed_steps})"
+             if problems else "each step ran once",
+             expected=f"steps 0 to {stop - 1}, then {stop} to {STEPS - 1}, each once")
+    want, got = dict(_global_batches(reference)), _global_batches(first, second)
+    uses = Counter(item for _, items in got for item in items)
+    wanted = Counter(item for items in want.values() for item in items)
+    more, fewer = len(uses - wanted), len(wanted - uses)  # distinct items
+    other = sorted({step for step, items in got if items != want.get(step)})
+    if more or fewer:
+        measured = (f"{more} items trained on more often than in the uninterrupted run, "
+                    f"{fewer} less often")
+    elif other:
+        measured = f"other items than the uninterrupted run in steps {_steps_list(other)}"
+    else:
+        measured = "the same items as the uninterrupted run, step by step"
+    c.expect(not (more or fewer or other), f"{label}: the items trained on",
+             measured=measured,
+             expected=f"the {STEPS} global batches of the uninterrupted run, each once, in order")
+
+
+def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> None:
+    """The losses of every step and the final weights equal the reference's, within
+    TOLERANCE."""
+    label = f"saved at {saved_at} ranks after {stop} steps, resumed at {resumed_at}"
+    reference = _reference(c)
+    if not c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted"):
+        return
+    want, got = _losses(reference), _losses(first, second)
+    gaps = {s: abs(got[s] - want[s]) for s in want if s in got}
+    missing = sorted(set(want) - set(got))
+    worst = max(gaps, key=gaps.get, default=None)
+    off = [s for s, gap in gaps.items() if not gap <= TOLERANCE]
+    c.expect(not missing and not off, f"{label}: the loss of every step",
+             measured=(f"no loss for steps {_steps_list(missing)}" if missing else
+                       f"losses off from step {min(off)} on, by up to {gaps[worst]:.2g} "
+                       f"(step {worst})" if off else f"within {max(gaps.values()):.1g}"),
+             expected=f"within 1e-5 of the uninterrupted run's, step by step")
+    want_w, got_w = reference.probe("weights"), second.probe("weights")
+    if not want_w or not got_w:
+        c.expect(False, f"{label}: the final weights", measured="no weights were measured",
+                 expected="a DDP model in train.py")
+        return
+    reference_values = want_w[min(want_w)]["values"]
+    gap = max(abs(a - b) for record in got_w.values()
+              for a, b in zip(record["values"], reference_values))
+    c.expect(math.isfinite(gap) and gap <= TOLERANCE, f"{label}: the final weights",
+             measured=f"off by up to {gap:.2g}" if not gap <= TOLERANCE else f"within {gap:.1g}",
+             expected=f"within 1e-5 of the uninterrupted run's, on every rank")
+
+
+def _natural(item: tuple[str, int]) -> list:
+    """Sort key: step-5 before step-10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", item[0])]
+
+
+def _files(folder: str) -> list[str]:
+    """Every file under folder, relative to it."""
+    return sorted(os.path.relpath(os.path.join(parent, name), folder)
+                  for parent, _, names in os.walk(folder) for name in names)
+
+
+@check("Saved at 3 ranks after 4 steps, resumed at 2: every step runs once, on the items of "
+       "an uninterrupted run", points=4)
+def data_position(c):
+    first, second = _stop_and_resume(c, 3, 2, stop=4)
+    if second is not None:
+        _data_parts(c, first, second, 3, 2, stop=4)
+
+
+@check("Saved at 3 ranks after 4 steps, resumed at 2: the losses and the final weights are "
+       "those of an uninterrupted run (within 1e-5)", points=4)
+def trajectory(c):
+    first, second = _stop_and_resume(c, 3, 2, stop=4)
+    if second is not None:
+        _trajectory_parts(c, first, second, 3, 2, stop=4)
+
+
+@check("The checkpoints are torch.distributed.checkpoint directories, with the optimizer's state",
+       points=2)
+def written_with_dcp(c):
+    if not c.completed(_stop(c, 3, 2, stop=4), "3 ranks, 4 steps, then a checkpoint"):
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = _ckpt_dir(c, 3, 2)
+    files = _files(folder) if os.path.isdir(folder) else []
+    saved = [os.path.dirname(os.path.join(folder, f)) for f in files
+             if os.path.basename(f) == ".metadata"]
+    if not c.expect(bool(saved), "the checkpoint directory",
+                    measured=f"{len(saved)} checkpoints with a .metadata file, {len(files)} files"
+                    if saved else f"no .metadata file; it holds {', '.join(files) or 'nothing'}",
+                    expected="checkpoints as dcp.save writes them: the ranks' files and .metadata"):
+        return
+    counts = {}  # checkpoint -> momentum buffers in it
+    for path in saved:
+        entries = FileSystemReader(path).read_metadata().state_dict_metadata
+        name = os.path.relpath(path, folder)
+        counts["the directory" if name == "." else name] = sum("momentum_buffer" in key
+                                                              for key in entries)
+    c.expect(all(counts.values()), "the optimizer's state in every checkpoint",
+             measured=", ".join(f"{n} momentum buffers in {name}"
+                                for name, n in sorted(counts.items(), key=_natural)),
+             expected="SGD's momentum buffer of every parameter (get_state_dict(model, optimizer))")
+
+
+if __name__ == "__main__":
+    from labutils.grading import run_checks
+
+    run_checks()

@@ -1,0 +1,1 @@
+../../labs/10_checkpoint_writes/checks.py

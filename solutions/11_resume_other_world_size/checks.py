@@ -1,0 +1,1 @@
+../../labs/11_resume_other_world_size/checks.py
