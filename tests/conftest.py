@@ -101,9 +101,12 @@ STARTS = ("warm", "cold")
 def pytest_generate_tests(metafunc):
     """A test that uses the `start` fixture (launcher test modules take it with
     pytestmark = pytest.mark.usefixtures("start")) runs once per start: warm (forked
-    from the session's warm server) and cold (new interpreters)."""
+    from the session's warm server) and cold (new interpreters). A test marked
+    warm_only("why its cold path is covered elsewhere") runs warm only: the long ones
+    whose cold run would test again what a shorter cold test already does."""
     if "start" in metafunc.fixturenames:
-        metafunc.parametrize("start", STARTS, indirect=True)
+        warm_only = metafunc.definition.get_closest_marker("warm_only")
+        metafunc.parametrize("start", ("warm",) if warm_only else STARTS, indirect=True)
 
 
 @pytest.fixture

@@ -95,6 +95,8 @@ def test_agent_leaving_at_the_last_step_does_not_wait_for_the_exit_barrier(runs_
     assert result.duration_s < 120
 
 
+@pytest.mark.warm_only("cold restarts: test_restart_after_injected_kill_resumes[cold] and "
+                       "test_agent_leaves_and_the_run_continues_at_the_smaller_world[cold]")
 def test_twenty_restarts_in_a_row_all_resume_where_they_stopped(runs_dir, tmp_path):
     """Kill a rank in each of 20 attempts (every 5th in the middle of a checkpoint write)."""
     n = 20
@@ -121,6 +123,8 @@ def test_twenty_restarts_in_a_row_all_resume_where_they_stopped(runs_dir, tmp_pa
     assert {rec["total"] for rec in result.records if "total" in rec} == {2.0}
 
 
+@pytest.mark.warm_only("the flags' cold run: test_agent_leaves_and_the_run_continues_at_the_"
+                       "smaller_world[cold] runs the same elastic launch cold")
 def test_cli_elastic_flags(runs_dir, tmp_path):
     out_json = tmp_path / "out.json"
     proc = subprocess.run(

@@ -76,7 +76,7 @@ def _tiny_lab(root: Path) -> Path:
         "if __name__ == '__main__':\n    from labutils.grading import run_checks\n\n    run_checks()\n")
     (lab / HIDDEN_CHECKS_FILE).write_text(
         "from checks import answer\n\nfrom labutils.grading import check\n\n\n"
-        "@check('The answer has no spaces around it', points=3, visibility='after_due_date')\n"
+        "@check('The answer has no spaces around it', points=1.5, visibility='after_due_date')\n"
         "def tidy(c):\n    c.expect(answer(c) == c.learner_file('answer.txt').read_text()"
         ".rstrip('\\n'), 'answer.txt')\n")
     return lab
@@ -90,7 +90,7 @@ def test_python_checks_py_in_a_learner_copy_runs_the_public_checks_and_counts_th
     assert run.returncode == 0, run.stderr
     assert "0/2  The answer is 42" in run.stdout
     assert "no spaces" not in run.stdout
-    assert "The grader also runs 1 hidden check worth 3 points" in run.stdout
+    assert "The grader also runs 1 hidden check worth 1.5 points" in run.stdout
     # the instructor's folder runs both with hidden=True
     from labutils.grading import run_checks
 
@@ -120,25 +120,26 @@ def test_release_refuses_a_used_folder_and_a_lab_holding_its_solution(tmp_path):
 
 @pytest.mark.slow
 def test_labutils_release_verifies_the_copy_by_grading_it(tmp_path):
-    """The command as an instructor types it, on a real lab: written, graded, verified."""
-    lab = REPO / "labs" / "06_distributed_evaluation"
+    """The command as an instructor types it: written, graded, verified; and a lab whose
+    starter_fails does not hold is refused. (Every real lab's released copy is graded
+    as its starter in test_grading_labs.)"""
+    lab = _tiny_lab(tmp_path)
     out = subprocess.run([*LABUTILS, "release", str(lab), "--out", str(tmp_path / "copy")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verified" in out.stdout
-    # a "starter" that passes is caught: release the solution's script as if it were the lab's
-    fixed = tmp_path / "fixed_lab"
-    shutil.copytree(lab, fixed)
-    shutil.copy(REPO / "solutions" / lab.name / "evaluate.py", fixed / "evaluate.py")
-    with pytest.raises(GradingError, match="not a proper starter: expected to fail but passed"):
-        release(fixed, tmp_path / "copy2", progress=None)
+    (lab / "answer.txt").write_text("42\n")   # the starter now passes what it should fail
+    out = subprocess.run([*LABUTILS, "release", str(lab), "--out", str(tmp_path / "copy2")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "not a proper starter: expected to fail but passed: The answer is 42" in out.stderr
 
 
 # ------------------------------------------------------------------ Gradescope
 
-def _autograder_root(tmp_path: Path, lab: str, submission: Path) -> Path:
+def _autograder_root(tmp_path: Path, lab: Path, submission: Path) -> Path:
     """Unzip the autograder as Gradescope does, in a folder standing in for /autograder."""
-    zip_path = gradescope.build(REPO / "labs" / lab, tmp_path / "autograder.zip")
+    zip_path = gradescope.build(lab, tmp_path / "autograder.zip")
     root = tmp_path / "autograder"
     names = _unzip(zip_path, root / "source")
     assert {"setup.sh", "run_autograder"} <= set(names)   # at the zip's root
@@ -167,13 +168,17 @@ def _gradescope_run(root: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_autograder_zip_grades_a_solution_and_a_starter_in_a_relocated_root(tmp_path):
-    lab = "06_distributed_evaluation"
+    """Lab 06's solution, and the tiny lab's starter (a real lab's starter costs a real
+    grading more, and test_grading_labs grades every starter)."""
     runs = {}
-    for kind, folder in (("solution", REPO / "solutions" / lab), ("starter", REPO / "labs" / lab)):
+    cases = (("solution", "06_distributed_evaluation", REPO / "labs",
+              REPO / "solutions" / "06_distributed_evaluation"),
+             ("starter", "tiny", _tiny_lab(tmp_path / "t").parent, _tiny_lab(tmp_path / "t2")))
+    for kind, lab, labs, folder in cases:
         sub = tmp_path / kind / "submitted"
         shutil.copytree(folder, sub, ignore=shutil.ignore_patterns("checks.py", HIDDEN_CHECKS_FILE,
                                                                     "lab.json", "runs"))
-        runs[kind] = _gradescope_run(_autograder_root(tmp_path / kind, lab, sub))
+        runs[kind] = _gradescope_run(_autograder_root(tmp_path / kind, labs / lab, sub))
     for data in runs.values():   # Gradescope's results.json
         assert isinstance(data["score"], float) and data["execution_time"] > 0
         assert data["max_score"] == sum(t["max_score"] for t in data["tests"])

@@ -85,6 +85,8 @@ def test_failure_names_root_cause_and_victims(runs_dir):
     assert "fail_rank2.py:11" in text
 
 
+@pytest.mark.warm_only("the exception events it reads are written by the same worker code "
+                       "cold (test_failure_names_root_cause_and_victims[cold])")
 def test_collective_timeouts_are_reported_as_a_mismatch_with_every_ranks_call(runs_dir):
     """Every rank gives up after the process group's timeout: nobody is blamed alone."""
     display, out, _ = text_display()
@@ -118,6 +120,8 @@ def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     assert "<- straggler" in out.getvalue()
 
 
+@pytest.mark.warm_only("a cold run's ranks are ended by the same stop path in "
+                       "test_lifetime.py's [stop-cold] and [caller-kill9-cold]")
 def test_timeout_stops_every_rank_quickly(runs_dir):
     t0 = time.monotonic()
     result = launch(SCRIPTS / "forever.py", 2, display="none", timeout=15, hang_timeout=None)
@@ -259,9 +263,17 @@ def test_killing_the_caller_with_sigkill_takes_the_run_down(runs_dir):
     ("hello.py", [], 0),
     ("fail_rank2.py", [], 1),
     ("straggler.py", ["--hang-timeout", "2"], 3),
-    ("forever.py", ["--timeout", "12", "--hang-timeout", "0"], 4),
 ])
 def test_cli_exit_status_and_json(runs_dir, tmp_path, script, args, status):
+    _cli_exit_status_and_json(tmp_path, script, args, status)
+
+
+@pytest.mark.warm_only("a cold run stopped from outside: test_lifetime.py's [cli-sigterm-cold]")
+def test_cli_exit_status_4_on_timeout(runs_dir, tmp_path):
+    _cli_exit_status_and_json(tmp_path, "forever.py", ["--timeout", "12", "--hang-timeout", "0"], 4)
+
+
+def _cli_exit_status_and_json(tmp_path, script, args, status):
     out_json = tmp_path / "out.json"
     n = "4" if script == "fail_rank2.py" else "2"
     proc = subprocess.run(

@@ -23,21 +23,25 @@ def finishes(c):
 def global_loss(c):
     for nproc in (2, 3):
         run = c.run("train.py", nproc, args=ARGS)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        local = {(r["step"], r["rank"]): r["loss"] for r in run.rows("step", "loss")}
-        logged = {r["log_step"]: r["global_loss"] for r in run.rows("log_step", "global_loss")
-                  if r["rank"] == 0}
-        wrong = []
-        for step in range(0, STEPS, LOG_EVERY):
-            expected = sum(local.get((step, r), float("nan")) for r in range(nproc)) / nproc
-            got = logged.get(step)
-            if got is None or abs(got - expected) > 1e-5 * max(1.0, abs(expected)):
-                wrong.append(f"step {step}: logged {got}, mean of the ranks' losses {expected:.6f}")
-        c.expect(not wrong, f"{nproc} ranks: logged loss = mean of every rank's loss",
-                 measured="; ".join(wrong) or f"{len(logged)} log lines, each the mean over {nproc} ranks",
-                 expected=f"rank 0 logs, at steps {list(range(0, STEPS, LOG_EVERY))}, "
-                          "the mean of the losses all ranks reported")
+        if c.completed(run, f"{nproc} ranks"):
+            _logged_means(c, run, nproc, STEPS, LOG_EVERY, f"{nproc} ranks")
+
+
+def _logged_means(c, run, nproc: int, steps: int, log_every: int, label: str) -> None:
+    """One part: every loss rank 0 logged is the mean of the losses all ranks reported."""
+    local = {(r["step"], r["rank"]): r["loss"] for r in run.rows("step", "loss")}
+    logged = {r["log_step"]: r["global_loss"] for r in run.rows("log_step", "global_loss")
+              if r["rank"] == 0}
+    wrong = []
+    for step in range(0, steps, log_every):
+        expected = sum(local.get((step, r), float("nan")) for r in range(nproc)) / nproc
+        got = logged.get(step)
+        if got is None or abs(got - expected) > 1e-5 * max(1.0, abs(expected)):
+            wrong.append(f"step {step}: logged {got}, mean of the ranks' losses {expected:.6f}")
+    c.expect(not wrong, f"{label}: logged loss = mean of every rank's loss",
+             measured="; ".join(wrong) or f"{len(logged)} log lines, each the mean over {nproc} ranks",
+             expected=f"rank 0 logs, at steps {list(range(0, steps, log_every))}, "
+                      "the mean of the losses all ranks reported")
 
 
 if __name__ == "__main__":

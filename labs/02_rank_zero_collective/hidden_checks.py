@@ -2,7 +2,7 @@
 measured in a case the public checks do not show: other --steps and --log-every, at 3
 ranks."""
 
-from checks import ARGS
+from checks import ARGS, _logged_means
 
 from labutils.grading import check
 
@@ -19,18 +19,5 @@ def other_log_interval(c):
                  expected="the run finishes")
         return
     run = c.run("train.py", nproc, args=["--steps", STEPS, "--log-every", LOG_EVERY])
-    if not c.completed(run, label):
-        return
-    local = {(r["step"], r["rank"]): r["loss"] for r in run.rows("step", "loss")}
-    logged = {r["log_step"]: r["global_loss"] for r in run.rows("log_step", "global_loss")
-              if r["rank"] == 0}
-    wrong = []
-    for step in range(0, STEPS, LOG_EVERY):
-        expected = sum(local.get((step, r), float("nan")) for r in range(nproc)) / nproc
-        got = logged.get(step)
-        if got is None or abs(got - expected) > 1e-5 * max(1.0, abs(expected)):
-            wrong.append(f"step {step}: logged {got}, mean of the ranks' losses {expected:.6f}")
-    c.expect(not wrong, f"{label}: logged loss = mean of every rank's loss",
-             measured="; ".join(wrong) or f"{len(logged)} log lines, each the mean over {nproc} ranks",
-             expected=f"rank 0 logs, at steps {list(range(0, STEPS, LOG_EVERY))}, the mean of the "
-                      "losses all ranks reported")
+    if c.completed(run, label):
+        _logged_means(c, run, nproc, STEPS, LOG_EVERY, label)

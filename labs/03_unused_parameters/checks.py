@@ -50,14 +50,19 @@ def equals_big_batch(c):
     if not (c.completed(run, "2 ranks, batch 4 each") and
             c.completed(reference, "1 rank, batch 8 (the reference)")):
         return
+    _same_weights(c, run, reference, "2 ranks x batch 4 = 1 rank x batch 8")
+
+
+def _same_weights(c, run, reference, label: str) -> None:
+    """One part: rank 0's weights of run within 1e-5 of the reference's."""
     names, values, _ = _weights(run)[0]
     ref_names, ref_values, _ = _weights(reference)[0]
     if names != ref_names:
         c.expect(False, "same parameters", measured=f"{names} vs {ref_names}")
         return
     diff = max(abs(a - b) for a, b in zip(values, ref_values))
-    c.expect(diff <= 1e-5, "2 ranks x batch 4 = 1 rank x batch 8",
-             measured=f"largest weight difference {diff:.2e}", expected="at most 1e-5")
+    c.expect(diff <= 1e-5, label, measured=f"largest weight difference {diff:.2e}",
+             expected="at most 1e-5")
 
 
 if __name__ == "__main__":

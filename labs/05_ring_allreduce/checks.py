@@ -44,13 +44,17 @@ def bandwidth_optimal(c):
     run = _run(c, nproc)
     if not c.completed(run, f"{nproc} ranks"):
         return
-    sent = {row["rank"]: row["bytes_sent"] / (4 * size) for row in _rows(run) if row["size"] == size}
+    _bytes_sent(c, _rows(run), nproc, size, f"{nproc} ranks, {size} elements")
+
+
+def _bytes_sent(c, rows, nproc: int, size: int, label: str) -> None:
+    """One part: each rank sent at most 2(n-1)/n of the tensor of ``size`` elements."""
+    sent = {row["rank"]: row["bytes_sent"] / (4 * size) for row in rows if row["size"] == size}
     optimal = 2 * (nproc - 1) / nproc
     slack = 2 * (nproc - 1) / size  # uneven chunks: one element more per message at most
     c.expect(len(sent) == nproc and all(s <= optimal + slack + 1e-9 for s in sent.values()),
-             f"{nproc} ranks, {size} elements",
-             measured="sent per rank, in tensors: "
-                      + ", ".join(f"rank {r}: {s:.3f}" for r, s in sorted(sent.items())),
+             label, measured="sent per rank, in tensors: "
+                             + ", ".join(f"rank {r}: {s:.3f}" for r, s in sorted(sent.items())),
              expected=f"{optimal:.3f} (2(n-1)/n); the naive ring sends {nproc - 1}.000")
 
 

@@ -2,7 +2,7 @@
 measured in a case the public checks do not show: other tensor sizes at 3 ranks, some
 smaller than the world size, most not divisible by it."""
 
-from checks import _rows, _run
+from checks import _bytes_sent, _rows, _run
 
 from labutils.grading import check
 
@@ -29,12 +29,4 @@ def other_sizes(c):
     c.expect(not wrong and len(rows) == nproc * len(SIZES), f"{label}: results",
              measured="; ".join(wrong[:4]) or f"{len(rows)} results, all equal to dist.all_reduce",
              expected="the sum over all ranks, in the input tensor, within 1e-4")
-    size = max(SIZES)
-    sent = {r["rank"]: r["bytes_sent"] / (4 * size) for r in rows if r["size"] == size}
-    optimal = 2 * (nproc - 1) / nproc
-    slack = 2 * (nproc - 1) / size  # uneven chunks: one element more per message at most
-    c.expect(len(sent) == nproc and all(s <= optimal + slack + 1e-9 for s in sent.values()),
-             f"{nproc} ranks, {size} elements: bytes sent",
-             measured="sent per rank, in tensors: "
-                      + ", ".join(f"rank {r}: {s:.3f}" for r, s in sorted(sent.items())),
-             expected=f"{optimal:.3f} (2(n-1)/n)")
+    _bytes_sent(c, rows, nproc, max(SIZES), f"{nproc} ranks, {max(SIZES)} elements: bytes sent")

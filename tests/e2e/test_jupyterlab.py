@@ -69,6 +69,7 @@ def lab(tmp_path_factory):
     scripts/."""
     root = tmp_path_factory.mktemp("lab-root")
     shutil.copytree(HERE / "scripts", root / "scripts")
+    shutil.copy(HERE.parent / "scripts" / "breakpoint_rank1.py", root / "scripts")
     assert LESSON_00.exists(), f"{LESSON_00} is missing: the browser tests open lesson 00"
     shutil.copy(LESSON_00, root)
     shutil.copy(INDEX, root)

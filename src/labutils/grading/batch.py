@@ -150,7 +150,7 @@ def restore_lab(lab: Lab) -> list[str]:
 def _failed_tests(lab: Lab, why: str) -> list[dict]:
     return [{"name": "The notebook runs from top to bottom",
              "max_score": float(lab.config.get("notebook_points", 1)), "score": 0.0,
-             "status": "failed", "output": why}] + [
+             "status": "failed", "output": why, "visibility": "visible", "hidden": False}] + [
         {"name": c["name"], "max_score": c["points"], "score": 0.0, "status": "failed",
          "output": f"[FAIL] not measured: {why}", "visibility": c["visibility"],
          "hidden": c["hidden"]} for c in lab.checks]

@@ -260,7 +260,7 @@ class Supervisor:
     def notebook_test(self, notebook: Path | None, problem: str) -> tuple[dict, dict]:
         points = float(self.config.get("notebook_points", 1))
         test = {"name": "The notebook runs from top to bottom", "max_score": points,
-                "score": 0.0, "status": "failed"}
+                "score": 0.0, "status": "failed", "visibility": "visible", "hidden": False}
         if notebook is None:
             test["output"] = problem
             return test, {"status": "not_run", "problem": problem}
@@ -336,7 +336,7 @@ class Supervisor:
             grader_error = f"the sandbox could not be set up: {sandbox_error}"
         integrity = {
             "name": "Locked cells and lab files are unchanged", "max_score": 0.0, "score": 0.0,
-            "status": "failed" if self.notes else "passed",
+            "status": "failed" if self.notes else "passed", "visibility": "visible", "hidden": False,
             "output": "\n".join(self.notes) or "nothing was changed",
         }
         return {
