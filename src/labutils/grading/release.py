@@ -144,4 +144,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="write the copy without grading it")
-    p.set_defaults(handler=lambda ns: release(ns.lab, ns.out, verify=ns.verify) and 0)
+    def handler(ns) -> int:
+        release(ns.lab, ns.out, verify=ns.verify)   # a bad lab or a failed check raises
+        return 0
+
+    p.set_defaults(handler=handler)
