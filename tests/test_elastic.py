@@ -86,6 +86,8 @@ def test_agent_leaves_and_the_run_continues_at_the_smaller_world(runs_dir, tmp_p
     assert 0 < restarted_at - killed_at < 30
 
 
+@pytest.mark.warm_only("an agent killed cold: test_agent_leaves_and_the_run_continues_at_the_"
+                       "smaller_world[cold] kills one the same way, a step earlier")
 def test_agent_leaving_at_the_last_step_does_not_wait_for_the_exit_barrier(runs_dir, tmp_path):
     # torchrun's exit barrier would keep the other agent for 300 s.
     result = launch(STEPS, 1, args=[str(tmp_path / "ckpt"), "4"], nnodes="1:2",
