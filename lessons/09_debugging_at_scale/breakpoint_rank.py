@@ -16,13 +16,15 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labutils.dist import init
 
 rank, world_size, device = init()
 print(f"rank {rank}: /dev/stdin is a terminal: {os.isatty(0)}")  # where torch's pdb reads from
 torch.manual_seed(0)  # the same initial weights on every rank
-model = torch.nn.Linear(8, 4).to(device)
+model = DDP(torch.nn.Linear(8, 4).to(device))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
 
 for step in range(3):
@@ -31,14 +33,9 @@ for step in range(3):
     loss = F.cross_entropy(model(x), y)
     if step == 1:
         dist.breakpoint(rank=1)  # rank 1 stops here; the others wait for it
-    model.zero_grad()
-    loss.backward()
-    for p in model.parameters():  # average the gradients over all ranks
-        dist.all_reduce(p.grad)
-        p.grad /= world_size
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= 0.1 * p.grad
+    optimizer.zero_grad()
+    loss.backward()  # DDP averages the gradients over the ranks
+    optimizer.step()
     print(f"step {step}: loss {loss.item():.4f}")
 
 dist.destroy_process_group()
