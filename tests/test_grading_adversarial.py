@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 WORK = ("import sys, warnings\nfrom labutils.dist import report\n"
         "warnings.warn('this API is deprecated')\nprint('noise', file=sys.stderr)\nreport(answer=42)\n")
 MARK = f"labutils-adversary-{secrets.token_hex(4)}"  # in the command line of every stray process
-NOTEBOOK_TIMEOUT = 20
+NOTEBOOK_TIMEOUT = 14  # the tiny lab's notebook runs in about 3 s
 
 CHECKS = '''
 from labutils.grading import check

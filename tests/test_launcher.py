@@ -260,6 +260,9 @@ def test_killing_the_caller_with_sigkill_takes_the_run_down(runs_dir):
     assert logs and logs[0].read_text().startswith("starting\n")
 
 
+@pytest.mark.warm_only("the CLI's cold runs: test_ctrl_c_on_the_cli_stops_everything[cold], "
+                       "test_cli_script_args_after_double_dash[cold] and test_lifetime.py's "
+                       "[cli-sigterm-cold]; exit statuses and the JSON do not depend on the start")
 @pytest.mark.parametrize(("script", "args", "status"), [
     ("hello.py", [], 0),
     ("fail_rank2.py", [], 1),
@@ -271,7 +274,7 @@ def test_cli_exit_status_and_json(runs_dir, tmp_path, script, args, status):
 
 @pytest.mark.warm_only("a cold run stopped from outside: test_lifetime.py's [cli-sigterm-cold]")
 def test_cli_exit_status_4_on_timeout(runs_dir, tmp_path):
-    _cli_exit_status_and_json(tmp_path, "forever.py", ["--timeout", "12", "--hang-timeout", "0"], 4)
+    _cli_exit_status_and_json(tmp_path, "forever.py", ["--timeout", "8", "--hang-timeout", "0"], 4)
 
 
 def _cli_exit_status_and_json(tmp_path, script, args, status):
