@@ -100,6 +100,20 @@ def test_collective_timeouts_are_reported_as_a_mismatch_with_every_ranks_call(ru
     assert "rank 0 waited in all_reduce() at" in text and "rank 1 waited in barrier() at" in text
 
 
+def test_a_rank_killed_by_a_cpp_error_is_reported_with_the_error_and_its_line(runs_dir):
+    """gloo aborts a rank (SIGABRT, no Python exception): its stderr still says why and where."""
+    display, out, _ = text_display()
+    result = launch(SCRIPTS / "shape_mismatch.py", 2, display=display, hang_timeout=30)
+    assert result.reason == "failed" and not result.ok
+    failure = result.failure
+    assert failure.exc_type == "SIGABRT" and failure.exit_code == -signal.SIGABRT
+    assert "Received data size doesn't match expected size" in failure.message
+    assert failure.where.endswith("shape_mismatch.py:10") and failure.source == "dist.all_reduce(x)"
+    assert failure.victims == [1 - failure.rank]
+    text = out.getvalue()
+    assert "gloo::EnforceNotMet" in text and "runtime/server.py" not in text
+
+
 def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     display, out, _ = text_display()
     hang_timeout = 3.0

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from labutils.run.attempts import Attempt
+from labutils.run.crash import explain_crash
 from labutils.run.diagnosis import Failure, find_failure
 from labutils.run.nodes import ranks_text
 from labutils.run.result import RankResult, RunResult, attempt_line
@@ -132,10 +133,14 @@ def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
     exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}
     failed = [r.rank for r in members
               if r.rank in exceptions or (exit_codes.get(r.rank) not in (0, None))]
-    tails = {r.rank: "\n".join(line for stream, line in list(run.output[r.rank].combined)[-20:]
-                                if stream == "stderr") for r in members}
-    return find_failure(exceptions, exit_codes, failed, finished=finished,
-                        stderr_tails=tails)
+    stderr = {r.rank: [line for stream, line in run.output[r.rank].combined if stream == "stderr"]
+              for r in members}
+    tails = {rank: "\n".join(lines[-20:]) for rank, lines in stderr.items()}
+    failure = find_failure(exceptions, exit_codes, failed, finished=finished,
+                           stderr_tails=tails)
+    if failure is not None and failure.rank not in exceptions and failure.rank not in finished:
+        explain_crash(failure, "\n".join(stderr.get(failure.rank, [])[-300:]))
+    return failure
 
 
 def fault_of(run, attempt: int) -> dict | None:

@@ -1,0 +1,64 @@
+"""What a rank that died without a Python exception left on its stderr.
+
+A C++ exception that nothing catches ends the process through std::terminate: SIGABRT,
+and no Python traceback. gloo does this when two ranks pass tensors of different sizes
+to one collective ("Received data size doesn't match expected size"). Two things on the
+rank's stderr still say what happened and where:
+
+- std::terminate's own lines: "terminate called after throwing an instance of 'T'" and
+  "  what():  <the message>";
+- the dump faulthandler writes for a fatal signal (every rank has it on, for the hang
+  report): each thread's Python stack, one of them at the script's line.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+
+from labutils.run.diagnosis import Failure, Frame, parse_faulthandler
+from labutils.runtime.frames import is_library, script_depth
+
+_THROWN_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+_WHAT_RE = re.compile(r"^\s*what\(\):\s*(.+)$", re.MULTILINE)
+_THREAD_START_RE = re.compile(r"^(?=(?:Current thread|Thread) 0x)", re.MULTILINE)
+
+
+def read_crash(stderr: str) -> tuple[str, list[Frame]]:
+    """The C++ error and the Python stack of a rank that crashed.
+
+    Args:
+        stderr: the end of the rank's stderr (the last crash in it is read).
+
+    Returns:
+        ("Type: what() message" or "", the frames of the thread that ran the script,
+        innermost first, cut below the script; [] when no thread did).
+    """
+    thrown = list(_THROWN_RE.finditer(stderr))
+    what = list(_WHAT_RE.finditer(stderr))
+    message = what[-1].group(1).strip() if what else ""
+    if message and thrown:
+        message = f"{thrown[-1].group(1)}: {message}"
+    dump = stderr[stderr.rfind("Fatal Python error"):] if "Fatal Python error" in stderr else ""
+    for block in _THREAD_START_RE.split(dump)[1:]:
+        frames = parse_faulthandler(block, None)
+        if any(not is_library(fr.file) for fr in frames):
+            return message, frames[:script_depth([fr.file for fr in frames])]
+    return message, []
+
+
+def explain_crash(failure: Failure, stderr: str) -> None:
+    """Give a failure found only by its signal (no exception event) the crash's message,
+    the script's line it happened at and that thread's stack, where stderr has them."""
+    message, frames = read_crash(stderr)
+    at = next((fr for fr in frames if not is_library(fr.file)), None)
+    if not message and at is None:
+        return
+    if message:
+        failure.message = f"{message} (the process died of {failure.exc_type}: no Python exception)"
+    if at is not None:
+        failure.file, failure.line = at.file, at.line
+        failure.source = linecache.getline(at.file, at.line).strip()
+        failure.traceback = "\n".join(
+            ["Python stack of the thread that ran the script (innermost first):"]
+            + [f'  File "{fr.file}", line {fr.line} in {fr.func}' for fr in frames])
