@@ -56,6 +56,9 @@ def test_non_zero_exit_without_exception():
 @pytest.mark.parametrize(("message", "victim"), [
     (GLOO_PEER_GONE, True),
     ("Connection reset by peer", True),
+    # gloo (pair.cc:553) in a rank whose peer aborted during the same collective
+    ("[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1437. This is "
+     "typically caused by a remote worker crashing.", True),
     ("NCCL communicator was aborted on rank 1", True),
     ("mat1 and mat2 shapes cannot be multiplied", False),
     ("Expected to have finished reduction in the prior iteration", False),

@@ -18,6 +18,7 @@ import re
 
 from labutils.run.diagnosis import Failure, Frame, parse_faulthandler
 from labutils.runtime.frames import is_library, script_depth
+from labutils.runtime.runfiles import short_path
 
 _THROWN_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT_RE = re.compile(r"^\s*what\(\):\s*(.+)$", re.MULTILINE)
@@ -61,4 +62,4 @@ def explain_crash(failure: Failure, stderr: str) -> None:
         failure.source = linecache.getline(at.file, at.line).strip()
         failure.traceback = "\n".join(
             ["Python stack of the thread that ran the script (innermost first):"]
-            + [f'  File "{fr.file}", line {fr.line} in {fr.func}' for fr in frames])
+            + [f'  File "{short_path(fr.file)}", line {fr.line} in {fr.func}' for fr in frames])

@@ -28,6 +28,7 @@ from labutils.runtime.runfiles import relative_path, short_path
 _VICTIM_PATTERNS = (
     "connection closed by peer",
     "connection reset by peer",
+    "connection closed by peer",
     "broken pipe",
     "connectfullmesh",
     "connection refused",
