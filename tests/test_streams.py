@@ -69,6 +69,8 @@ def test_paths_are_shortened_for_reading(tmp_path, monkeypatch):
     assert short_path(site) == ".../site-packages/torch/distributed/distributed_c10d.py"
     assert short_path("/elsewhere/x.py") == "/elsewhere/x.py"
     assert short_path("<frozen runpy>") == "<frozen runpy>"
+    import labutils.runtime.worker as worker
+    assert short_path(worker.__file__) == ".../labutils/runtime/worker.py"
     text = f'  File "{tmp_path}/train.py", line 3, in <module>\n  File "{site}", line 9, in f\n'
     assert shorten_traceback_paths(text) == (
         '  File "train.py", line 3, in <module>\n'

@@ -151,6 +151,11 @@ def short_path(path: str) -> str:
     for marker in ("site-packages", "dist-packages"):
         if f"{os.sep}{marker}{os.sep}" in path:
             return "..." + os.sep + marker + path.split(marker, 1)[1]
+    # labutils' own files where it is installed in place (`make setup`: pip install -e),
+    # as a fatal signal's faulthandler dump quotes them
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if path.startswith(package + os.sep):
+        return "..." + os.sep + "labutils" + path[len(package):]
     cwd = os.getcwd() + os.sep
     if path.startswith(cwd):
         return path[len(cwd):]
