@@ -16,11 +16,11 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --upgrade pip
 	# The lock pins every package, so pip resolves nothing (--no-deps) and `pip check`
 	# proves nothing is missing. pip byte-compiles one file at a time: compileall does it
-	# on every core instead (a few template files in the packages are not Python; pip's
-	# own compile step skips them too, hence the leading -).
+	# on every core instead (a few template files in the packages are not Python, which
+	# pip's own compile step passes over too: hence || true).
 	$(PY) -m pip install --quiet --no-deps --no-compile -r requirements.lock
 	$(PY) -m pip check
-	-$(PY) -m compileall -qq -j 0 $(VENV)/lib
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
