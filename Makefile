@@ -11,13 +11,13 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test test-gpu setup system-deps benchmark clean
 
+# The lock pins every package, so pip resolves nothing (--no-deps) and `pip check`
+# proves nothing is missing. pip byte-compiles one file at a time: compileall does it on
+# every core instead (a few template files in the packages are not Python, which pip's
+# own compile step passes over too: hence || true).
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# The lock pins every package, so pip resolves nothing (--no-deps) and `pip check`
-	# proves nothing is missing. pip byte-compiles one file at a time: compileall does it
-	# on every core instead (a few template files in the packages are not Python, which
-	# pip's own compile step passes over too: hence || true).
 	$(PY) -m pip install --quiet --no-deps --no-compile -r requirements.lock
 	$(PY) -m pip check
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
