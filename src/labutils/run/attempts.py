@@ -15,6 +15,7 @@ with another round, or a rank that starts twice in one round, opens the next att
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,11 @@ class RankState:
     node: str = ""           # the token of the launcher that started it ("": this one)
     local: bool = True       # started by this launcher: its pid can be signalled
     exit_code: int | None = None
+    host: str = ""
+    # When the rank ended (its exit event, else its agent's reap), and how: its exit
+    # event (the script's own end) if it wrote one in this attempt.
+    ended_t: float | None = None
+    exit_event: dict | None = None
     exceptions: dict[int, dict] = field(default_factory=dict)  # attempt -> exception event
     debugger: dict | None = None  # its debugger event while it waits in or for a debugger
 
@@ -114,8 +120,28 @@ class AttemptFold:
         if kind == "exit":
             r.debugger = None
             r.exit_code = int(ev.get("code", 0))
+            r.exit_event, r.ended_t = ev, ev.get("t")
             return self.set_state(r, "done" if r.exit_code == 0 else "failed")
         return []
+
+    def reaped(self, record: dict) -> list[Change]:
+        """Fold one line of an agent's endings file (runtime/agent.py): the exit code or
+        signal of the process it reaped, the final word on how that rank ended."""
+        r = next((r for r in self.ranks if r.pid == record.get("pid")
+                  and r.host in ("", record.get("host", ""))), None)
+        if r is None or r.attempt != self.index:
+            return []
+        code = int(record["code"])
+        if r.ended_t is None:
+            r.ended_t = record.get("t")
+        r.debugger = None
+        r.exit_code = code
+        if r.state not in ("starting", "running", "debugging"):
+            return []  # its exit or exception event, or the hang report, said it
+        if code == 0:
+            return self.set_state(r, "done")
+        # SIGTERM: torchrun ended it because a peer failed, or the launcher stopped the run
+        return self.set_state(r, "killed" if code == -signal.SIGTERM else "failed")
 
     def _start(self, r: RankState, ev: dict) -> list[Change]:
         restart = int(ev.get("restart", 0))
@@ -145,6 +171,7 @@ class AttemptFold:
         if r.rank == 0:
             self.current.restart_count = restart
         r.attempt, r.pid, r.main_tid, r.exit_code = self.index, ev.get("pid"), ev.get("main_tid"), None
+        r.host, r.ended_t, r.exit_event = ev.get("host") or "", None, None
         r.agent = agent
         return changes + self.set_state(r, "running")
 

@@ -98,6 +98,11 @@ class Failure:
     # Every rank that raised timed out in a collective: no rank is the root cause, the
     # calls did not match. rank -> {"collective", "where" (file:line), "source"}.
     mismatch: dict[int, dict] = field(default_factory=dict)
+    # How the root-cause rank ended: "exception" (it raised), "exit" (a non-zero exit
+    # code, no exception), "signal" (killed or crashed), "early_exit" (its script ended
+    # while its peers waited in a collective for it), "mismatch" (collectives timed out
+    # on every rank), "torchrun" (the agent failed before any rank ran).
+    kind: str = "exception"
 
     def __iter__(self):
         return iter((self.rank, self.exc_type, self.message, self.file, self.line, self.traceback))
@@ -111,7 +116,7 @@ class Failure:
             "rank": self.rank, "exc_type": self.exc_type, "message": self.message,
             "file": self.file, "line": self.line, "source": self.source,
             "victims": self.victims, "also_failed": self.also_failed,
-            "exit_code": self.exit_code,
+            "exit_code": self.exit_code, "kind": self.kind,
             "mismatch": {str(r): m for r, m in self.mismatch.items()},
         }
 
@@ -127,6 +132,45 @@ def _raised(rank: int, ev: dict, exit_code: int | None) -> Failure:
                    source=ev.get("source", ""), exit_code=exit_code)
 
 
+def _ended_badly(rank: int, code: int, *, finished: set[int], stderr_tail: str,
+                 exit_event: dict | None) -> Failure:
+    """The failure of a rank that ended by a signal or a non-zero exit code, without
+    an exception."""
+    if code > 0:
+        event = exit_event or {}
+        if event.get("code") == code:  # sys.exit(code): the bootstrap saw where
+            return Failure(rank=rank, exc_type="SystemExit", message=f"exit code {code}",
+                           file=event.get("file"), line=event.get("line"),
+                           source=event.get("source", ""), traceback=stderr_tail,
+                           exit_code=code, kind="exit")
+        return Failure(rank=rank, exc_type="exit", message=(
+            f"exit code {code} without a Python exception (os._exit(), or C code that "
+            "called exit())"), file=None, line=None, traceback=stderr_tail, exit_code=code,
+            kind="exit")
+    if rank in finished:
+        message = (f"the script ran to its end, then the process died of {signal_name(code)} "
+                   "while Python shut down; call dist.destroy_process_group() at the end "
+                   "of the script")
+    else:
+        message = (f"killed by {signal_name(code)} (no Python exception: the process was "
+                   "killed or crashed)")
+    return Failure(rank=rank, exc_type=signal_name(code), message=message, file=None,
+                   line=None, traceback=stderr_tail, exit_code=code, kind="signal")
+
+
+def _ended_early(exit_codes: dict[int, int | None], ended_at: dict[int, float],
+                 candidates: list[tuple[int, dict]]) -> int | None:
+    """The first rank whose script ended (exit code 0) before every exception of its
+    peers, when each of those only lost a peer (None if there is no such rank)."""
+    if not candidates or any(not looks_like_victim(ev.get("message", ""))
+                             for _, ev in candidates):
+        return None
+    first_error = min(ev.get("t", 0.0) for _, ev in candidates)
+    early = sorted((t, r) for r, t in ended_at.items()
+                   if exit_codes.get(r) == 0 and r not in dict(candidates) and t < first_error)
+    return early[0][1] if early else None
+
+
 def find_failure(
     exceptions: dict[int, dict],
     exit_codes: dict[int, int | None],
@@ -134,8 +178,17 @@ def find_failure(
     *,
     finished: set[int] = frozenset(),
     stderr_tails: dict[int, str] | None = None,
+    ended_at: dict[int, float] | None = None,
+    exit_events: dict[int, dict] | None = None,
 ) -> Failure | None:
     """The root-cause failure among the ranks of one attempt.
+
+    In order: the earliest rank that failed on its own, by an exception of its own or by
+    ending with a non-zero exit code or a signal (other than the SIGTERM torchrun ends a
+    failed rank's peers with) and no exception; else ranks that timed out in a
+    collective (a mismatch when there are several); else a rank whose script ended
+    (exit code 0) before its peers failed in a collective, waiting for it; else the
+    earliest exception, even one that looks like a lost peer.
 
     Args:
         exceptions: rank -> its exception event (exc_type, message, file, line, traceback, t).
@@ -144,58 +197,63 @@ def find_failure(
         finished: ranks whose script ran to its end before the process died.
         stderr_tails: rank -> last lines of its stderr, shown for crashes without
             a Python exception.
+        ended_at: rank -> when it ended (time.time(): its exit event, else when its
+            agent reaped it); ranks not in it count as ending last.
+        exit_events: rank -> its exit event (code, t; file, line and source of a
+            sys.exit() with a non-zero code), for ranks whose script ended itself.
     """
     stderr_tails = stderr_tails or {}
+    ended_at = ended_at or {}
+    exit_events = exit_events or {}
     if not failed_ranks and not exceptions:
         return None
+    never = float("inf")
     candidates = sorted(exceptions.items(), key=lambda kv: kv[1].get("t", 0.0))
     primary = [kv for kv in candidates if not looks_like_victim(kv[1].get("message", ""))]
-    # a rank's own error outranks a timeout: its peers timed out waiting for it
-    primary.sort(key=lambda kv: is_collective_timeout(kv[1].get("message", "")))
-    # A rank killed by a signal nobody on our side sent (SIGKILL from fault injection or
-    # the OOM killer, a segfault) without an exception is a root cause too; SIGTERM is
-    # how torchrun ends the peers of a failed rank.
-    crashed = [
-        r for r in failed_ranks
-        if r not in exceptions and (exit_codes.get(r) or 0) < 0
-        and exit_codes.get(r) != -signal.SIGTERM
-    ]
-    exited = [r for r in failed_ranks if r not in exceptions and (exit_codes.get(r) or 0) > 0]
-    if primary:
+    own = [kv for kv in primary if not is_collective_timeout(kv[1].get("message", ""))]
+    # A rank that ended with a bad status and no exception is a root cause too: a
+    # signal nobody on our side sent (a segfault, an abort, SIGKILL from fault
+    # injection or the OOM killer), or an exit code (sys.exit(3), os._exit(3)). SIGTERM
+    # is how torchrun ends the peers of a failed rank.
+    silent = [r for r in failed_ranks if r not in exceptions
+              and exit_codes.get(r) not in (0, None, -signal.SIGTERM)]
+    first = sorted([(ev.get("t", never), 0, rank) for rank, ev in own]
+                   + [(ended_at.get(rank, never), 1, rank) for rank in silent])
+    early = _ended_early(exit_codes, ended_at, candidates)
+    if first and first[0][1] == 0:
+        rank = first[0][2]
+        root = _raised(rank, exceptions[rank], exit_codes.get(rank))
+    elif first:
+        root = _ended_badly(first[0][2], exit_codes[first[0][2]], finished=finished,
+                            stderr_tail=stderr_tails.get(first[0][2], ""),
+                            exit_event=exit_events.get(first[0][2]))
+    elif primary:  # every rank that failed on its own timed out in a collective
         rank, ev = primary[0]
         root = _raised(rank, ev, exit_codes.get(rank))
-    elif crashed:
-        rank = crashed[0]
-        code = exit_codes[rank]
-        if rank in finished:
-            message = (f"the script ran to its end, then the process died of {signal_name(code)} "
-                       "while Python shut down; call dist.destroy_process_group() at the end "
-                       "of the script")
-        else:
-            message = (f"killed by {signal_name(code)} (no Python exception: the process was "
-                       "killed or crashed)")
+    elif early is not None:
+        waiting = sorted(r for r, _ in candidates)
         root = Failure(
-            rank=rank, exc_type=signal_name(code), message=message, file=None, line=None,
-            traceback=stderr_tails.get(rank, ""), exit_code=code,
-        )
+            rank=early, exc_type="exit 0",
+            message=(f"the script ended (exit code 0) while {_fmt(waiting)} still "
+                     f"{_verb(waiting, 'was', 'were')} in a collective with it: every rank must "
+                     "make the same collective calls (uneven data, or an early return or break)"),
+            file=None, line=None, traceback="", exit_code=0, kind="early_exit")
+        event = exit_events.get(early) or {}
+        root.file, root.line, root.source = event.get("file"), event.get("line"), \
+            event.get("source", "")
     elif candidates:
         rank, ev = candidates[0]
         root = _raised(rank, ev, exit_codes.get(rank))
-    elif exited:
-        rank = exited[0]
-        root = Failure(
-            rank=rank, exc_type="SystemExit", message=f"exit code {exit_codes[rank]}",
-            file=None, line=None, traceback="", exit_code=exit_codes[rank],
-        )
     else:
         rank = failed_ranks[0]
         code = exit_codes.get(rank)
         root = Failure(
             rank=rank, exc_type=signal_name(code) or "Died",
             message="the process ended without an exit code we could read",
-            file=None, line=None, traceback="", exit_code=code,
-        )
+            file=None, line=None, traceback="", exit_code=code, kind="signal")
     involved = set(failed_ranks) | set(exceptions)
+    if root.kind == "early_exit":
+        involved.discard(root.rank)
     # Ranks that raised an error of their own (not a lost peer) failed in their own
     # right, often with the same error as the root cause; the rest only died of it.
     root.also_failed = sorted(
@@ -213,6 +271,7 @@ def find_failure(
                          for r, ev in sorted(timed_out.items())}
         root.also_failed = sorted(r for r in timed_out if r != root.rank)
         root.victims = sorted(r for r in involved if r not in timed_out)
+        root.kind = "mismatch"
     return root
 
 

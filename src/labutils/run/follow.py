@@ -26,7 +26,7 @@ from labutils.run.diagnosis import analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
 from labutils.run.spec import LaunchSpec, RunRequest
-from labutils.run.streams import EventTail, RankOutput
+from labutils.run.streams import EndingsTail, EventTail, RankOutput
 from labutils.runtime import runfiles
 from labutils.runtime.procs import free_port, pid_alive
 
@@ -62,6 +62,7 @@ class Run:
                                  close=lambda a, size: outcome.close_attempt(self, a, size))
         self.output = [RankOutput(run_dir, r) for r in range(spec.world_size)]
         self.events = [EventTail(run_dir, r) for r in range(spec.world_size)]
+        self.endings = EndingsTail(run_dir)
         if scheduler == "slurm":
             self.backend = SlurmJob(spec, run_dir, slurm, self.nodes)
         else:
@@ -280,7 +281,7 @@ class Run:
         self.backend.stop(ranks, self.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
-        for tail in (*self.output, *self.events):
+        for tail in (*self.output, *self.events, self.endings):
             tail.close()
 
     # ------------------------------------------------------------- following
@@ -296,8 +297,12 @@ class Run:
                 self.display.lines(rank, stream, lines)
             if new_events or new:
                 self.last_activity = time.monotonic()
+        # how the agents saw ranks end (rank -1: the fold finds the rank by its pid)
+        events.extend((rec.get("t", 0.0), -1, i, rec)
+                      for i, rec in enumerate(self.endings.poll(final=final)))
         for _, rank, _, event in sorted(events, key=lambda e: e[:3]):
-            for change in self.fold.apply(rank, event):
+            changes = self.fold.apply(rank, event) if rank >= 0 else self.fold.reaped(event)
+            for change in changes:
                 self._show(change)
 
     def _show(self, change: tuple) -> None:

@@ -64,7 +64,7 @@ def agent_failure(agent_text: str) -> Failure:
     errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
     message = errors[-1] if errors else (lines[-1] if lines else "torchrun exited with an error")
     return Failure(rank=-1, exc_type="torchrun", message=message, file=None, line=None,
-                   traceback="\n".join(lines[-30:]))
+                   traceback="\n".join(lines[-30:]), kind="torchrun")
 
 
 def attempt_entry(attempt: int, failure, codes: dict, final: str | None = None) -> dict:
@@ -136,9 +136,13 @@ def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
     stderr = {r.rank: [line for stream, line in run.output[r.rank].combined if stream == "stderr"]
               for r in members}
     tails = {rank: "\n".join(lines[-20:]) for rank, lines in stderr.items()}
+    ended = [r for r in members if r.attempt == attempt]
     failure = find_failure(exceptions, exit_codes, failed, finished=finished,
-                           stderr_tails=tails)
-    if failure is not None and failure.rank not in exceptions and failure.rank not in finished:
+                           stderr_tails=tails,
+                           ended_at={r.rank: r.ended_t for r in ended if r.ended_t is not None},
+                           exit_events={r.rank: r.exit_event for r in ended if r.exit_event})
+    if failure is not None and failure.kind in ("exit", "signal") and \
+            failure.rank not in finished:
         explain_crash(failure, "\n".join(stderr.get(failure.rank, [])[-300:]))
     return failure
 
@@ -213,6 +217,10 @@ def final_result(run) -> RunResult:
     for r in members:
         if r.exit_code is None and r.pid in seen:
             r.exit_code = seen[r.pid]
+    for r in members:  # its script ended, then its process died (the agent reaped it so)
+        if r.exit_event and r.exit_event.get("code") == 0 and r.exit_code not in (0, None):
+            finished.add(r.rank)
+            run.set_state(r, "killed" if r.exit_code == -signal.SIGTERM else "failed")
     failure = None
     if run.reason == "failed":
         failure = failure_of(run, run.fold.index, {r.rank: r.exit_code for r in members},

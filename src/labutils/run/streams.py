@@ -126,3 +126,27 @@ class EventTail:
 
     def close(self) -> None:
         self._tail.close()
+
+
+class EndingsTail:
+    """The agents' endings files (runtime/agent.py): how each rank they reaped ended."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = run_dir
+        self._tails: dict[Path, LineTail] = {}
+
+    def poll(self, *, final: bool = False) -> list[dict]:
+        for path in runfiles.endings_files(self.run_dir):
+            self._tails.setdefault(path, LineTail(path))
+        records = []
+        for tail in self._tails.values():
+            for line in tail.read_all() if final else tail.read():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue  # a torn last line from an agent killed mid-write
+        return records
+
+    def close(self) -> None:
+        for tail in self._tails.values():
+            tail.close()

@@ -17,6 +17,11 @@ with the keeper (see worker.py), so even then no rank outlives it.
 
 The keeper imports only the standard library and labutils.runtime, and forks
 before any thread exists: forking a single-threaded process is safe.
+
+The agent (the keeper's child) records how each rank it reaps ended, exit code or
+signal, and when (record_endings): torchrun's own log names only the first rank that
+failed when the ranks are forked (a warm run), and a rank that dies of a signal or
+of os._exit() writes nothing itself.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import sys
 import time
 
 from labutils.runtime.procs import become_subreaper, die_with_parent, tree
-from labutils.runtime.runfiles import ENV_AGENT_PID, ENV_PARENT_PID
+from labutils.runtime.runfiles import (ENV_AGENT_PID, ENV_PARENT_PID, ENV_RUN_DIR, EventWriter,
+                                       endings_path)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WATCHED = {signal.SIGCHLD, *STOP_SIGNALS}
@@ -37,10 +43,47 @@ AGENT_GRACE_S = 2.0    # after a stop: how long the agent may wind its ranks dow
 TREE_GRACE_S = 1.0     # then: how long what is left may take after SIGTERM
 
 
+def record_endings(run_dir: str) -> None:
+    """Append {"host", "pid", "code", "t"} to this agent's endings file each time it
+    reaps a process it started: a rank, cold (subprocess.Popen) or warm (a forked
+    multiprocessing child). Both classes are patched in this process only; a forked
+    rank inherits the patch, and the pid check keeps its own children (DataLoader
+    workers) out of the file."""
+    import multiprocessing.popen_fork as popen_fork
+    import subprocess
+
+    agent, host = os.getpid(), os.uname().nodename
+    writer = EventWriter(endings_path(run_dir, host, agent))
+
+    def ended(pid: int, code: int | None) -> None:
+        if code is not None and os.getpid() == agent:
+            writer.write({"host": host, "pid": pid, "code": code, "t": time.time()})
+
+    handle_exitstatus = subprocess.Popen._handle_exitstatus
+
+    def _handle_exitstatus(self, sts, *args, **kwargs):
+        handle_exitstatus(self, sts, *args, **kwargs)
+        ended(self.pid, self.returncode)
+
+    fork_poll = popen_fork.Popen.poll
+
+    def poll(self, flag=os.WNOHANG):
+        before = self.returncode
+        code = fork_poll(self, flag)
+        if before is None:
+            ended(self.pid, code)
+        return code
+
+    subprocess.Popen._handle_exitstatus = _handle_exitstatus
+    popen_fork.Popen.poll = poll
+
+
 def run_agent(argv: list[str], keeper: int) -> None:
     """The keeper's child: torchrun's agent in this (forked) interpreter."""
     die_with_parent(keeper)
     os.environ[ENV_AGENT_PID] = str(os.getpid())
+    if os.environ.get(ENV_RUN_DIR):
+        record_endings(os.environ[ENV_RUN_DIR])
     sys.argv = ["torchrun", *argv]
     torchrun = sys.modules.get("torch.distributed.run")
     if torchrun is not None:  # forked from a warm server (server.py): already imported

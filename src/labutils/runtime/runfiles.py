@@ -11,6 +11,8 @@ A run folder looks like this::
         summary.json         the RunResult as JSON, written when the run ends
                              (summary-node1.json ...: each node's own of a job)
         stack-request.json   ranks asked to dump their stacks (multi-node hangs)
+        ended-HOST-PID.jsonl how each rank the agent PID on HOST reaped ended:
+                             {"host", "pid", "code" (exit code or -signal), "t"}
         stop.json            the reason a node's launcher ended the job early
         done-node1 ...       a node's agent has exited (the other nodes stop waiting)
         lease                kept fresh by the launcher following a SLURM job
@@ -77,6 +79,17 @@ def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
 
 def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "stacks.txt"
+
+
+def endings_path(run_dir: str | os.PathLike, host: str, agent_pid: int) -> Path:
+    """The ranks one torchrun agent reaped, one JSON line each: {"host", "pid", "code",
+    "t"}; code is the exit code, or -N for death by signal N (runtime/agent.py)."""
+    return Path(run_dir) / f"ended-{host}-{agent_pid}.jsonl"
+
+
+def endings_files(run_dir: str | os.PathLike) -> list[Path]:
+    """Every agent's endings file in a run folder."""
+    return sorted(Path(run_dir).glob("ended-*.jsonl"))
 
 
 def agent_log_path(run_dir: str | os.PathLike, agent: int | str) -> Path:

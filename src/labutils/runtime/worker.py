@@ -199,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     debugger.install(rank, writer)  # breakpoint() reaches the learner's console
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    code = 0
+    code, where = 0, {}
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        if code:  # where the script gave up: the failure summary's line
+            info = describe_exception(exc, script)
+            where = {k: info[k] for k in ("file", "line", "source")}
     except BaseException as exc:  # noqa: BLE001 - report every way the script can die
         info = describe_exception(exc, script)
         if writer is not None:
@@ -214,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         if writer is not None:
-            writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart})
+            writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart,
+                          **where})
     return code
 
 
