@@ -68,3 +68,44 @@ def test_explain_crash_leaves_a_failure_alone_when_stderr_says_nothing():
     failure = _signal_failure()
     explain_crash(failure, "some log line\n")
     assert failure == _signal_failure()
+
+
+THREAD_FAILED = """Exception in thread Thread-1 (load):
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/threading.py", line 982, in run
+    self._target(*self._args, **self._kwargs)
+  File "/home/learner/course/train.py", line 37, in load
+    raise RuntimeError("the loader thread failed")
+RuntimeError: the loader thread failed
+"""
+
+
+def test_an_exit_after_another_thread_failed_names_that_threads_error():
+    failure = Failure(rank=1, exc_type="SystemExit", message="exit code 1", file="train.py",
+                      line=64, traceback="", exit_code=1, kind="exit")
+    explain_crash(failure, "a line\n" + THREAD_FAILED)
+    assert failure.message == ("exit code 1, after thread Thread-1 (load) raised RuntimeError: "
+                               "the loader thread failed")
+    assert (failure.file, failure.line) == ("train.py", 64)  # where the script exited
+
+
+def test_a_fatal_dump_in_a_pane_stops_at_the_worker_bootstrap():
+    from labutils.run.streams import FatalDumpCut
+
+    dump = ["Fatal Python error: Aborted", "",
+            "Thread 0x00007f01 (most recent call first):",
+            '  File "/x/src/labutils/runtime/worker.py", line 107 in _watch_progress',
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run', "",
+            "Current thread 0x00007f02 (most recent call first):",
+            '  File "/home/learner/course/train.py", line 56 in <module>',
+            '  File "<frozen runpy>", line 88 in _run_code',
+            '  File "/x/src/labutils/runtime/worker.py", line 204 in main',
+            '  File "/x/site-packages/torch/distributed/run.py", line 982 in run_script_path',
+            '  File "/x/src/labutils/runtime/server.py", line 78 in start_keeper', "",
+            "Extension modules: torch._C (total: 1)"]
+    cut = FatalDumpCut()
+    shown = cut.feed(["before"] + dump[:9]) + cut.feed(dump[9:] + ["after"], final=True)
+    assert shown == ["before", "Fatal Python error: Aborted", "",
+                     "Current thread 0x00007f02 (most recent call first):",
+                     '  File "/home/learner/course/train.py", line 56 in <module>', "",
+                     "Extension modules: torch._C (total: 1)", "after"]

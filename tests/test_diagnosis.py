@@ -49,8 +49,44 @@ def test_crash_after_the_script_finished_says_so():
 
 
 def test_non_zero_exit_without_exception():
-    failure = find_failure({}, {0: 0, 1: 3}, [1])
+    # sys.exit(3): the bootstrap's exit event says where
+    exit_event = {"kind": "exit", "t": 4.0, "code": 3, "file": "train.py", "line": 7,
+                  "source": "sys.exit(3)"}
+    failure = find_failure({}, {0: 0, 1: 3}, [1], exit_events={1: exit_event})
     assert (failure.rank, failure.exc_type, failure.message) == (1, "SystemExit", "exit code 3")
+    assert (failure.kind, failure.line, failure.source) == ("exit", 7, "sys.exit(3)")
+    # os._exit(3): no event, only the code the agent reaped
+    failure = find_failure({}, {0: 0, 1: 3}, [1])
+    assert (failure.rank, failure.kind, failure.line) == (1, "exit", None)
+    assert failure.message.startswith("exit code 3 without a Python exception")
+
+
+def test_a_rank_that_exits_or_dies_first_outranks_its_peers_lost_connection():
+    lost = {0: _exc(10.3, "RuntimeError", GLOO_PEER_GONE, 9)}
+    for code in (3, -6, -9, -11):
+        failure = find_failure(lost, {0: 1, 1: code}, [0, 1], ended_at={1: 10.2})
+        assert (failure.rank, failure.exit_code, failure.victims) == (1, code, [0])
+        assert failure.kind == ("exit" if code > 0 else "signal")
+
+
+def test_the_earlier_of_an_own_error_and_a_crash_is_the_root_cause():
+    own = {0: _exc(10.3)}
+    assert find_failure(own, {0: 1, 1: -11}, [0, 1], ended_at={1: 10.2}).rank == 1
+    assert find_failure(own, {0: 1, 1: -11}, [0, 1], ended_at={1: 10.4}).rank == 0
+
+
+def test_a_rank_that_ended_before_its_peers_lost_it_is_the_root_cause():
+    lost = {0: _exc(10.3, "RuntimeError", GLOO_PEER_GONE, 9),
+            2: _exc(10.4, "RuntimeError", GLOO_PEER_GONE, 9)}
+    exit_event = {"code": 0, "t": 10.1, "file": "train.py", "line": 30, "source": "return"}
+    failure = find_failure(lost, {0: 1, 1: 0, 2: 1}, [0, 2], ended_at={1: 10.1},
+                           exit_events={1: exit_event})
+    assert (failure.rank, failure.kind, failure.line, failure.victims) == \
+        (1, "early_exit", 30, [0, 2])
+    assert "ranks 0, 2 were still in a collective" in failure.message
+    # a rank that finished after its peers failed is not the cause
+    failure = find_failure(lost, {0: 1, 1: 0, 2: 1}, [0, 2], ended_at={1: 10.5})
+    assert (failure.rank, failure.kind) == (0, "exception")
 
 
 @pytest.mark.parametrize(("message", "victim"), [

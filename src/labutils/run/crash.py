@@ -9,6 +9,10 @@ rank's stderr still say what happened and where:
   "  what():  <the message>";
 - the dump faulthandler writes for a fatal signal (every rank has it on, for the hang
   report): each thread's Python stack, one of them at the script's line.
+
+A rank that exits with a non-zero code and no exception of its own often does so
+because another thread failed: threading prints that thread's traceback, "Exception
+in thread NAME:", and the main thread goes on to exit.
 """
 
 from __future__ import annotations
@@ -23,6 +27,18 @@ from labutils.runtime.runfiles import short_path
 _THROWN_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT_RE = re.compile(r"^\s*what\(\):\s*(.+)$", re.MULTILINE)
 _THREAD_START_RE = re.compile(r"^(?=(?:Current thread|Thread) 0x)", re.MULTILINE)
+_THREAD_EXC_RE = re.compile(r"^Exception in thread (.+):\n((?:[ \t].*\n|Traceback.*\n)*)(\S.*)$",
+                            re.MULTILINE)
+
+
+def thread_exception(stderr: str) -> str:
+    """The last uncaught exception of another thread on a rank's stderr, as
+    "thread NAME raised Type: message" ("" if none)."""
+    found = list(_THREAD_EXC_RE.finditer(stderr))
+    if not found:
+        return ""
+    name, _, error = found[-1].groups()
+    return f"thread {name} raised {error.strip()}"
 
 
 def read_crash(stderr: str) -> tuple[str, list[Frame]]:
@@ -51,6 +67,11 @@ def read_crash(stderr: str) -> tuple[str, list[Frame]]:
 def explain_crash(failure: Failure, stderr: str) -> None:
     """Give a failure found only by its signal (no exception event) the crash's message,
     the script's line it happened at and that thread's stack, where stderr has them."""
+    if failure.kind == "exit":
+        raised = thread_exception(stderr)
+        if raised:
+            failure.message = f"{failure.message}, after {raised}"
+        return
     message, frames = read_crash(stderr)
     at = next((fr for fr in frames if not is_library(fr.file)), None)
     if not message and at is None:

@@ -234,8 +234,8 @@ def find_failure(
         waiting = sorted(r for r, _ in candidates)
         root = Failure(
             rank=early, exc_type="exit 0",
-            message=(f"the script ended (exit code 0) while {_fmt(waiting)} still "
-                     f"{_verb(waiting, 'was', 'were')} in a collective with it: every rank must "
+            message=(f"the script ended (exit code 0) while {_fmt(waiting)} "
+                     f"{_verb(waiting, 'was', 'were')} still in a collective with it: every rank must "
                      "make the same collective calls (uneven data, or an early return or break)"),
             file=None, line=None, traceback="", exit_code=0, kind="early_exit")
         event = exit_events.get(early) or {}

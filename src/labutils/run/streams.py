@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import deque
 from pathlib import Path
 
 from labutils.runtime import runfiles
+from labutils.runtime.frames import script_depth
 
 READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
 
@@ -78,6 +80,57 @@ def decode(line: bytes) -> str:
     return text
 
 
+_DUMP_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
+_DUMP_FRAME_RE = re.compile(r'^\s+File "(.*)", line \d+ in ')
+
+
+class FatalDumpCut:
+    """A fatal signal's faulthandler dump (a segfault, an abort) as a learner reads it:
+    each thread's stack cut at the worker bootstrap like every other stack
+    (frames.script_depth: no runpy, worker, multiprocessing, torchrun or warm server
+    frames below the script), and the bootstrap's own threads (the progress watcher)
+    left out. Lines outside a dump pass unchanged; a thread's frames wait until its
+    block ends."""
+
+    def __init__(self) -> None:
+        self.in_dump = False
+        self.block: list[str] | None = None  # the current thread's header and frames
+        self.dropped = False  # a thread was left out: so is the blank line after it
+
+    def feed(self, lines: list[str], *, final: bool = False) -> list[str]:
+        out: list[str] = []
+        for line in lines:
+            if line.startswith("Fatal Python error"):
+                out += self._flush()
+                self.in_dump = True
+            elif self.in_dump and _DUMP_THREAD_RE.match(line):
+                out += self._flush()
+                self.block = [line]
+                continue
+            elif self.block is not None and _DUMP_FRAME_RE.match(line):
+                self.block.append(line)
+                continue
+            elif self.in_dump:
+                out += self._flush()
+                self.in_dump = not line.strip() or line.startswith("Stack (most recent")
+                if self.dropped and not line.strip():
+                    self.dropped = False
+                    continue
+            out.append(line)
+        return out + (self._flush() if final else [])
+
+    def _flush(self) -> list[str]:
+        block, self.block = self.block, None
+        if not block:
+            return []
+        frames = block[1:]
+        depth = script_depth([_DUMP_FRAME_RE.match(f).group(1) for f in frames])
+        self.dropped = bool(frames) and depth == 0
+        if self.dropped:
+            return []  # a thread of the bootstrap, not of the script
+        return [block[0], *frames[:depth]]
+
+
 class RankOutput:
     """One rank's two streams: last ``keep`` lines of each in memory, counts of all."""
 
@@ -88,15 +141,18 @@ class RankOutput:
         self.tail = {s: deque(maxlen=keep) for s in runfiles.STREAMS}
         self.combined = deque(maxlen=keep)  # (stream, line) in arrival order
         self.counts = {s: 0 for s in runfiles.STREAMS}
+        self._dump = FatalDumpCut()  # faulthandler writes fatal dumps to stderr
 
     def poll(self, *, final: bool = False) -> dict[str, list[str]]:
         """New complete lines per stream (all remaining ones when final)."""
         new = {}
         for stream, tail in self._tails.items():
             raw = tail.read_all() if final else tail.read()
-            if not raw:
-                continue
             lines = [decode(b) for b in raw]
+            if stream == "stderr":
+                lines = self._dump.feed(lines, final=final)
+            if not lines:
+                continue
             self.tail[stream].extend(lines)
             self.combined.extend((stream, line) for line in lines[-self.combined.maxlen:])
             self.counts[stream] += len(lines)

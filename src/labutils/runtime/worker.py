@@ -204,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
-        if code:  # where the script gave up: the failure summary's line
-            info = describe_exception(exc, script)
-            where = {k: info[k] for k in ("file", "line", "source")}
+        info = describe_exception(exc, script)  # where the script ended itself
+        where = {k: info[k] for k in ("file", "line", "source")}
     except BaseException as exc:  # noqa: BLE001 - report every way the script can die
         info = describe_exception(exc, script)
         if writer is not None:
@@ -315,12 +314,36 @@ def fresh_start() -> None:
 
 
 def finish_forked(code: int) -> None:
-    """End a forked rank: _wind_down, then return into torchrun's function entry point
-    (its agent counts a rank as done when the function returns), or SystemExit(code)."""
+    """End a forked rank as a cold rank ends: _wind_down, then leave the process.
+
+    A non-zero code leaves through SystemExit(code). A rank whose script ended well
+    must end its process too, at once: torchrun's function entry point would keep it
+    alive (it waits in an event until every rank has returned), and with it the
+    rank's sockets, so that peers still waiting in a collective for it would hang
+    instead of failing as they do in a cold run. So the rank hands torchrun the
+    script's return value (None) itself and exits (_return_and_exit)."""
     _wind_down()
     atexit._clear()
     if code:
         raise SystemExit(code)
+    _return_and_exit()
+
+
+def _return_and_exit() -> None:
+    """Put this rank's return value where torchrun's agent reads it (the queue of its
+    function entry point's wrapper, torch.distributed.elastic.multiprocessing.api._wrap)
+    and end the process; return into the entry point as before when that wrapper is
+    not on the stack (another torch)."""
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "_wrap"
+                                     and "ret_val_" in frame.f_locals):
+        frame = frame.f_back
+    if frame is None:
+        return
+    frame.f_locals["ret_val_"].put(None)  # what run_script_path returns
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
