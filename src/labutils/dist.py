@@ -15,10 +15,10 @@ import builtins
 import math
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
-from labutils.runtime import runfiles
 from labutils.errors import LaunchConfigError, RecordError
+from labutils.runtime import runfiles
 
 __all__ = ["init", "report", "print0", "rank", "world_size", "pick_backend"]
 
@@ -160,8 +160,9 @@ def _maybe_inject_fault(values: dict) -> None:
                 or fault.get("phase") != values.get("phase"):
             continue
         if "agent" in fault and fault["agent"] == agent:
-            runfiles.event_writer().write({"kind": "fault", "t": time.time(), "agent": agent,
-                                           "step": fault["step"], "restart": restart})
+            writer = cast(runfiles.EventWriter, runfiles.event_writer())  # the launcher's run
+            writer.write({"kind": "fault", "t": time.time(), "agent": agent,
+                          "step": fault["step"], "restart": restart})
             agent_pid = os.environ.get(runfiles.ENV_AGENT_PID)
             if agent_pid:
                 os.kill(int(agent_pid), signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
 
-def whole_number(value: object) -> bool:
+
+def whole_number(value: object) -> TypeGuard[int]:
     """Whether value is an int that is not a bool (True is an int to Python, not a count).
 
     Args:

@@ -104,7 +104,8 @@ def _receive(server: socket.socket, rounds: int, out: dict) -> None:
                 else:
                     total += len(data)  # bytes that arrived after the first read
                 last = now
-            out["bits_per_s"] = total * 8 / (last - first) if first and last > first else 0.0
+            out["bits_per_s"] = total * 8 / (last - first) \
+                if first and last is not None and last > first else 0.0
             conn.sendall(b"k")
         conn, _ = server.accept()
         with conn:

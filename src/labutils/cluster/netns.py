@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 PREFIX = "labutils-"
-SUBNETS = ipaddress.ip_network("10.214.0.0/16")  # one /24 per cluster
+SUBNETS = ipaddress.IPv4Network("10.214.0.0/16")  # one /24 per cluster
 LOCK_PATH = Path("/run/lock/labutils-cluster.lock")
 _NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-(sw|h\d+)$")
 
@@ -200,7 +200,7 @@ def delete_hosts(switch: str | None, namespaces: list[str | None]) -> None:
 
 # ------------------------------------------------------------------ the links
 def cap_links(rate: int | None, *, switch: str, namespaces: list[str | None],
-              interfaces: list[str | None]) -> None:
+              interfaces: list[str]) -> None:
     """Cap every host's link at rate bits per second in both directions: an HTB class
     on the host's end and on the switch's end of its cable. None: uncapped.
 

@@ -83,7 +83,7 @@ def interface_env(endpoint: str, env: dict[str, str]) -> tuple[dict[str, str], s
         chosen = ", ".join(f"{v}={env[v]}" for v in IFNAME_VARS if v in env)
         return {}, f"network interface as given: {chosen}"
     name, local = route_interface(endpoint)
-    if name is None:
+    if name is None or local is None:  # local is None only with name
         return {}, (f"could not tell which interface reaches {endpoint}; if ranks of other "
                     "machines cannot connect, set GLOO_SOCKET_IFNAME (env=...)")
     if ipaddress.ip_address(local).is_loopback:

@@ -243,7 +243,7 @@ def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, pl
         "ports": [{"name": "pytorchjob-port", "containerPort": RENDEZVOUS_PORT}],
         "resources": {"requests": requests, **({"limits": limits} if limits else {})},
     }
-    env = []
+    env: list[dict] = []
     if gpus and plain_torchrun:  # labutils.dist.init() reads it: nccl, or a clear error without GPUs
         env.append({"name": runfiles.ENV_BACKEND, "value": "nccl"})
     if volume_claim and plain_torchrun:  # the pod's own name, for torchrun's --log-dir (downward API)

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from labutils.cluster.links import measure_link, parse_rate, rate_text
 from labutils.cluster.netns import (
@@ -46,6 +46,7 @@ from labutils.errors import LaunchConfigError, whole_number
 
 if TYPE_CHECKING:  # the run layer imports labutils.cluster.network; it is imported back only
     # inside launch(), so the packages' imports form no cycle
+    from labutils.notebook.display import Display
     from labutils.run.result import RunResult
 
 MAX_HOSTS = 8  # a bridge takes more; the 2-core machines the course targets run out first
@@ -66,7 +67,7 @@ class VirtualCluster:
     mode: str = "loopback"
     reason: str = ""
     addresses: list[str] = field(default_factory=list)
-    interfaces: list[str | None] = field(default_factory=list)  # each host's end of its link
+    interfaces: Sequence[str | None] = field(default_factory=list)  # each host's end of its link
     namespaces: list[str | None] = field(default_factory=list)  # None: the caller's own
     switch: str | None = None
     link: dict | None = None
@@ -125,7 +126,7 @@ class VirtualCluster:
         if self.mode != "namespaces" or self.hosts < 2:
             return None
         cap_links(rate, switch=str(self.switch), namespaces=self.namespaces,
-                  interfaces=self.interfaces)
+                  interfaces=cast(list[str], self.interfaces))  # names, in namespaces mode
         if rate is not None:
             self.link = {"rate_bps": rate}
             if measure:
@@ -149,7 +150,7 @@ class VirtualCluster:
     # ------------------------------------------------------------------ running
     def launch(self, script: str | os.PathLike, nproc: int = 1, *, rdzv_id: str | None = None,
                log_dir: str | os.PathLike | None = None, args: Sequence[str] = (),
-               env: dict[str, str] | None = None, display: object = "auto",
+               env: dict[str, str] | None = None, display: str | Display = "auto",
                node_timeout: float = 30.0, **launch_kwargs) -> RunResult:
         """Run script as a job of one node per host, nproc ranks per node (global rank
         = host * nproc + local rank); returns node 0's RunResult, which shows every
@@ -192,7 +193,7 @@ class VirtualCluster:
                       env=self._node_env(0, env), nnodes=self.hosts, rdzv_endpoint=endpoint,
                       rdzv_id=rdzv_id, log_dir=root, args=args, **launch_kwargs)
         job.notes.append(f"virtual cluster: {self.describe()}")
-        nodes: list[tuple[subprocess.Popen, object]] = []
+        nodes: list[tuple[subprocess.Popen, IO[bytes]]] = []
         try:
             for host in range(1, self.hosts):
                 words = node_launch_words(script, nproc, hosts=self.hosts, host=host,
@@ -267,7 +268,7 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
         **launch_kwargs)]
 
 
-def _end_nodes(nodes: list[tuple[subprocess.Popen, object]], node_timeout: float) -> None:
+def _end_nodes(nodes: list[tuple[subprocess.Popen, IO[bytes]]], node_timeout: float) -> None:
     """Give the other nodes' launchers node_timeout seconds in all, then stop them."""
     from labutils.runtime.procs import stop_processes
 

@@ -110,7 +110,7 @@ class CollectiveLog:
 
         return recorded
 
-    def __enter__(self) -> "CollectiveLog":
+    def __enter__(self) -> CollectiveLog:
         import torch.distributed as dist
 
         for op in self.ops:

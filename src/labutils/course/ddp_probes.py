@@ -34,6 +34,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from labutils.course.collective_log import CollectiveCall, CollectiveLog, count_all_reduces
 from labutils.course.spans import busy_seconds, overlap_seconds, trace_spans
@@ -157,14 +161,14 @@ class BackwardTimer:
             last parameter, i.e. when DDP sees that gradient as ready.
     """
 
-    def __init__(self, layers: Mapping[str, object]) -> None:
+    def __init__(self, layers: Mapping[str, torch.nn.Module]) -> None:
         if not isinstance(layers, Mapping) or not layers:
             raise InputError("layers", expected="a dict {name: module} with at least one layer",
                              given=layers, fix="pass e.g. {'fc1': model.fc1, 'fc2': model.fc2}")
         self.spans: list[LayerSpan] = []
         self.iteration = 0
         self._open: dict[str, tuple[float, int]] = {}
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
         for name, module in layers.items():
             params = [p for p in module.parameters(recurse=False) if p.requires_grad]
             if not params:
@@ -210,7 +214,7 @@ def _reducer_params(ddp) -> tuple[list, list[str]]:
     """DDP's parameter list and names, in the reducer's index order (see
     DistributedDataParallel._build_params_for_reducer: modules in named_modules order,
     their own parameters that require grad, shared ones once)."""
-    ignored = getattr(ddp, "parameters_to_ignore", set())
+    ignored: set[str] = getattr(ddp, "parameters_to_ignore", set())
     params, names, seen = [], [], set()
     for module_name, module in ddp.module.named_modules():
         for param_name, p in module.named_parameters(recurse=False):

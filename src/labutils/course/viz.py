@@ -24,8 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from labutils.course.timing import (
+    AlphaBeta,
+    busbw,
+    busbw_factor,
+    format_bytes,
+    format_rate,
+    format_seconds,
+)
 from labutils.errors import InputError, whole_number
-from labutils.course.timing import AlphaBeta, busbw, busbw_factor, format_bytes, format_rate, format_seconds
 
 __all__ = [
     "plot_bandwidth", "plot_ownership", "plot_loss_across_restarts", "plot_scaling", "check_series",

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from labutils.errors import GradingError, whole_number
 from labutils.grading import procs, report
@@ -210,6 +211,7 @@ class Batch:
         payload = next((json.loads(line[len(nonce):])
                         for line in out.decode(errors="replace").splitlines()
                         if line.startswith(nonce)), None)
+        result: dict[str, Any]
         result = {"name": name, "source": str(source), "lab": self.lab.folder.name,
                   "lab_title": self.lab.title, "pass_mark": self.lab.pass_mark,
                   "tag": tag}  # LABUTILS_GRADE_TAG of every process this submission ran

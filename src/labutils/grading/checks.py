@@ -21,9 +21,10 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from labutils.errors import real_number
 
@@ -62,7 +63,9 @@ def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
                          f"got {visibility!r}")
 
     def mark(fn: Callable) -> Callable:
-        fn.__labutils_check__ = CheckSpec(name=name, points=float(points), visibility=visibility)
+        # a function attribute, which Callable cannot declare; collect_checks finds it
+        fn.__labutils_check__ = CheckSpec(  # type: ignore[attr-defined]
+            name=name, points=float(points), visibility=visibility)
         return fn
 
     return mark
@@ -265,7 +268,7 @@ class Checker:
     """
 
     def __init__(self, learner_dir: Path, checks_dir: Path, scratch: Path, *,
-                 edit: tuple[str, ...] = ()) -> None:
+                 edit: Sequence[str] = ()) -> None:
         self.learner_dir = Path(learner_dir)
         self.edit = tuple(edit)
         self.checks_dir = Path(checks_dir)
@@ -370,10 +373,7 @@ class Checker:
         """True when the run ended well (with ``restarts`` restarts); else record a failed part."""
         if run.ok and run.restarts == restarts:
             return True
-        if run.ok:
-            measured = f"finished after {run.restarts} restart(s)"
-        else:
-            measured = run.problem
+        measured = f"finished after {run.restarts} restart(s)" if run.ok else run.problem
         self.expect(False, label, measured=measured,
                     expected=f"the run finishes{f' after {restarts} restart(s)' if restarts else ''}",
                     weight=weight)
@@ -382,7 +382,7 @@ class Checker:
 
 def run_check(fn: Callable, checker: Checker) -> CheckResult:
     """Run one check function; a crash in it scores 0 with the reason."""
-    spec: CheckSpec = fn.__labutils_check__
+    spec: CheckSpec = fn.__labutils_check__  # type: ignore[attr-defined]  # set by @check
     checker.parts = []
     t0 = time.monotonic()
     result = CheckResult(name=spec.name, points=spec.points, visibility=spec.visibility,

@@ -141,8 +141,8 @@ def execute(notebook: str, output: str, *, parameters: dict, timeout: float,
         )
         index = first_error(nb)
         if index is not None:
-            error = next((o for o in nb.cells[index].get("outputs", [])
-                          if o.get("output_type") == "error"), {})
+            error: dict = next((o for o in nb.cells[index].get("outputs", [])
+                                 if o.get("output_type") == "error"), {})
             outcome = {"status": "error", "ename": error.get("ename", "CellExecutionError"),
                        "evalue": str(error.get("evalue", ""))[:500]}
     except NotebookDeadline as exc:

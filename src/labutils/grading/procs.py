@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import psutil
@@ -41,7 +42,7 @@ def own_children() -> list[int]:
     return [c.pid for c in psutil.Process().children()]
 
 
-def kill_everything(*, roots: list[int], tag: str | None, keep: set[int] = frozenset(),
+def kill_everything(*, roots: list[int], tag: str | None, keep: AbstractSet[int] = frozenset(),
                     timeout_s: float = 10.0) -> int:
     """SIGKILL the roots, their descendants and the tagged processes until none is left.
 
@@ -77,7 +78,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def reap_children(keep: set[int] = frozenset()) -> None:
+def reap_children(keep: AbstractSet[int] = frozenset()) -> None:
     """Collect exit statuses of dead children (adopted orphans), except those in keep."""
     for child in psutil.Process().children():
         if child.pid in keep:

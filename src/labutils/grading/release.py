@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import cast
 
 from labutils.errors import GradingError
 from labutils.grading.batch import LAB_CONFIG, grade, load_lab
@@ -105,7 +106,7 @@ def release(lab: str | os.PathLike, out: str | os.PathLike, *, verify: bool = Tr
         progress(f"wrote {len(files)} files to {target} (no {HIDDEN_CHECKS_FILE}, "
                  f"{files_summary(files)})")
     if verify:
-        problems = verify_release(folder, target, starter_fails)
+        problems = verify_release(folder, target, cast(list[str], starter_fails))  # checked above
         if problems:
             raise GradingError(f"the release in {out} is not a proper starter: "
                                + "; ".join(problems))

@@ -27,7 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.abc import Loader
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from typing import IO, cast
 
 from labutils.grading.checks import Checker, CheckResult, collect_checks, run_check
 
@@ -44,9 +47,11 @@ def load_checks(checks_dir: Path, file: str = CHECKS_FILE):
     folder = str(Path(checks_dir).resolve())
     if folder not in sys.path[:1]:
         sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(f"labutils_lab_{Path(file).stem}", path)
+    # a .py file that exists: a spec with a loader
+    spec = cast(ModuleSpec,
+                importlib.util.spec_from_file_location(f"labutils_lab_{Path(file).stem}", path))
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    cast(Loader, spec.loader).exec_module(module)
     return module
 
 
@@ -62,7 +67,7 @@ def lab_checks(checks_dir: Path, *, hidden: bool) -> list:
         if hidden and (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file():
             secret = collect_checks(_load_hidden(checks_dir, public))
             for fn in secret:
-                fn.__labutils_check__.hidden = True
+                fn.__labutils_check__.hidden = True  # type: ignore[attr-defined]  # @check's
             found += secret
     return found
 
@@ -89,7 +94,7 @@ def hidden_summary(folder: Path) -> dict:
         saved = list(sys.path)
         try:
             with _LOADING:
-                specs = [fn.__labutils_check__ for fn in
+                specs = [fn.__labutils_check__ for fn in  # type: ignore[attr-defined]
                          collect_checks(_load_hidden(folder, load_checks(folder)))]
         finally:
             sys.path[:] = saved
@@ -183,7 +188,7 @@ def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False,
     results, errors = [], []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True) as proc:
-        for line in proc.stdout:
+        for line in cast(IO[str], proc.stdout):  # stdout=PIPE
             message = json.loads(line) if line.startswith("{") else {}
             if "test" in message:
                 results.append(CheckResult.from_json(message["test"]))

@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, cast
 
 import nbformat
 
@@ -204,9 +205,10 @@ class Supervisor:
         reader = threading.Thread(target=_read_messages, args=(proc.stdout, nonce, phase.messages),
                                   daemon=True)
         reader.start()
+        stdin = cast(IO[bytes], proc.stdin)  # stdin=PIPE
         try:
-            proc.stdin.write(nonce.encode() + b"\n")
-            proc.stdin.close()
+            stdin.write(nonce.encode() + b"\n")
+            stdin.close()
         except OSError:
             pass
         self._watch(proc, phase, t0 + timeout, timeout)
@@ -300,7 +302,7 @@ class Supervisor:
         self.checks_enforced = phase.enforced
         done = {m["test"]["name"]: m["test"] for m in phase.messages if "test" in m}
         errors = [m for m in phase.messages if "error" in m]
-        runs = next((m["runs"] for m in phase.messages if m.get("done")), [])
+        runs: list = next((m["runs"] for m in phase.messages if m.get("done")), [])
         grader_error = ""
         if errors:
             grader_error = f"the lab's checks failed to load: {errors[0]['error']}"
@@ -325,7 +327,7 @@ class Supervisor:
     def grade(self) -> dict:
         t0 = time.monotonic()
         become_subreaper()
-        self.enforced: dict = {}
+        self.enforced = {}
         notebook, problem = self.prepare()
         nb_test, outcome = self.notebook_test(notebook, problem)
         self._put_back_locked(when="while the notebook ran")

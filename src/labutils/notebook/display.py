@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TextIO, cast
 
 from labutils.run.result import RunResult
 from labutils.runtime.runfiles import relative_path, shorten_paths
@@ -238,7 +238,8 @@ class TextDisplay(Display):
             self._write(rank, "stderr", held.lines)
             return
         if same.kind == "traceback":
-            exception = held.lines[same.exception_at]
+            # repeats() returns only blocks whose exception line is known
+            exception = held.lines[cast(int, same.exception_at)]
             self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
         whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
         log = os.path.join(relative_path(self._log_dir), f"rank{rank}", "stderr.log")

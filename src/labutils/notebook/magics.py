@@ -26,6 +26,7 @@ import keyword
 import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -38,6 +39,9 @@ from labutils.run.options import add_launch_arguments, launch_kwargs, split_scri
 from labutils.run.result import RunResult
 from labutils.run.spec import runs_root
 from labutils.runtime import runfiles
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 DEFAULT_OUT = "_torchrun"
 
@@ -65,7 +69,8 @@ class TorchrunMagics(Magics):
 
         Arguments for the script go after --:  %%torchrun -n 4 -- --epochs 2
         """
-        run_cell(line, cell, namespace=self.shell.user_ns)
+        shell = cast("InteractiveShell", self.shell)  # set once the magics are registered
+        run_cell(line, cell, namespace=shell.user_ns)
 
 
 def parse_line(line: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from collections import deque
+from typing import TypeGuard, cast
 
 import ipywidgets as widgets
 
@@ -37,7 +38,8 @@ class LineWindow:
 
     def add(self, rank: int, stream: str, lines: list[str]) -> None:
         self.counts[stream] += len(lines)
-        self.window.extend((rank, stream, _cut(line)) for line in lines[-self.window.maxlen:])
+        keep = cast(int, self.window.maxlen)  # set in __init__
+        self.window.extend((rank, stream, _cut(line)) for line in lines[-keep:])
 
     def hidden(self) -> dict[str, int]:
         """Lines per stream that arrived but are no longer in the window."""
@@ -95,7 +97,7 @@ def elapsed(seconds: float) -> str:
     return f"{m}:{s:02d}" if m < 60 else f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
-def _count(value) -> bool:
+def _count(value) -> TypeGuard[int]:
     return whole_number(value) and value >= 0
 
 
@@ -191,6 +193,7 @@ class RankPane:
         style = BAR_STYLES.get(self.state, "")
         if self.bar.bar_style != style:
             self.bar.bar_style = style
-        label = f"<span style='color:#57606a;font-size:12px'>{html.escape(p.label(ended=self.state in FINAL_STATES))}</span>"
+        text = html.escape(p.label(ended=self.state in FINAL_STATES))
+        label = f"<span style='color:#57606a;font-size:12px'>{text}</span>"
         if self.bar_label.value != label:
             self.bar_label.value = label

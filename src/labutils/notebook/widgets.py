@@ -30,10 +30,17 @@ from IPython.display import display
 from labutils.errors import LaunchConfigError, real_number
 from labutils.notebook.console import PaneConsole
 from labutils.notebook.display import Display
+
 # LineWindow, Progress and the constants were defined here before panes.py; the old
 # path labutils.widgets still names them.
 from labutils.notebook.panes import (  # noqa: F401
-    BAR_STYLES, FINAL_STATES, MAX_LINE_CHARS, STDERR_COLOR, LineWindow, Progress, RankPane,
+    BAR_STYLES,
+    FINAL_STATES,
+    MAX_LINE_CHARS,
+    STDERR_COLOR,
+    LineWindow,
+    Progress,
+    RankPane,
     elapsed,
 )
 from labutils.notebook.subshell import route_clicks_to_subshell
@@ -183,10 +190,10 @@ class WidgetDisplay(Display):
     def finish(self, result: RunResult) -> None:
         for rank in list(self._consoles):
             self._close_console(rank)
-        for rank in result.ranks:
-            self.state(rank.rank, rank.state)
-            if 0 <= rank.rank < len(self.panes):
-                self.panes[rank.rank].role = _role(result, rank)
+        for r in result.ranks:
+            self.state(r.rank, r.state)
+            if 0 <= r.rank < len(self.panes):
+                self.panes[r.rank].role = _role(result, r)
         self.push(time.monotonic())
         self.stop.disabled, self.stop.description = True, "Stop"
         self.stop_hint.value = ""

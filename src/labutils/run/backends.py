@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from labutils.run.attempts import RankState
 from labutils.run.nodes import LEASE_RENEW_S
@@ -24,6 +25,11 @@ from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.run.warm import Keeper, WarmUnavailable, cold_reason, server_for
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
+
+if TYPE_CHECKING:
+    from labutils.cluster.slurm import SlurmJob as Submitted
+
+    AgentProcess = subprocess.Popen | Keeper  # a cold agent's Popen, or a warm server's keeper
 
 # How long a stopped agent's keeper may take to end its tree (its own limits add up to
 # about 8 s: ranks 2 s, what is left 1 s, SIGKILL until gone) before it is killed.
@@ -87,7 +93,7 @@ class LocalAgents:
                 # the keeper's arguments: its command without "python -m labutils.runtime.agent"
                 agent.proc = server.start(agent.command[3:], agent_env, agent.log_path)
                 continue
-            log = logs.enter_context(open(agent.log_path, "wb"))
+            log = logs.enter_context(open(agent.log_path, "wb"))  # noqa: SIM115 - logs closes it
             agent.proc = subprocess.Popen(
                 agent.command, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, env=agent_env)
@@ -104,7 +110,7 @@ class LocalAgents:
 
     def exit_codes(self) -> list[int | None]:
         """The exit codes of the agents that no fault stopped (None: still running)."""
-        return [a.proc.poll() for a in self.agents if not a.stopped_by_fault]
+        return [cast("AgentProcess", a.proc).poll() for a in self.agents if not a.stopped_by_fault]
 
     @property
     def exit_code(self) -> int | None:
@@ -116,13 +122,13 @@ class LocalAgents:
                 and (faulted or not a.stopped_by_fault)]
 
     def rank_alive(self, r: RankState) -> bool:
-        return bool(r.pid) and r.exit_code is None and pid_alive(r.pid)
+        return bool(r.pid) and r.exit_code is None and pid_alive(cast(int, r.pid))
 
     def stop(self, ranks: list[int], reason: str, note) -> None:
         """End every process: SIGTERM to the ranks and the keepers, which end whatever
         is left below them (the ranks' own children and daemons included). A keeper is
         never SIGKILLed while it works: only one not done after KEEPER_WAIT_S is."""
-        keepers = [a.proc for a in self.agents if a.alive()]
+        keepers = [cast("AgentProcess", a.proc) for a in self.agents if a.alive()]
         signal_all([*ranks, *(k.pid for k in keepers)], signal.SIGTERM)
         deadline = time.monotonic() + KEEPER_WAIT_S
         for keeper in keepers:
@@ -142,7 +148,8 @@ class LocalAgents:
         agent = self.agents[index]
         pids = list(rank_pids)
         if agent.alive():
-            pids = [agent.proc.pid, *tree(agent.proc.pid), *pids]
+            proc = cast("AgentProcess", agent.proc)
+            pids = [proc.pid, *tree(proc.pid), *pids]
         signal_all(pids, signal.SIGKILL)
         agent.stopped_by_fault = fault
 
@@ -168,7 +175,7 @@ class SlurmJob:
         self.options = dict(options or {})
         self.nodes = nodes  # the run folder's protocol (run/nodes.py): the lease
         self.agents: list[Agent] = []
-        self.job = None
+        self.job: Submitted | None = None
         self.state: str | None = None
         self.command: list[str] = []
         self.commands: list[list[str]] = []

@@ -188,7 +188,7 @@ def check_nnodes(nnodes, local_agents, *, multinode: bool = False) -> tuple[int,
         parts = nnodes.split(":")
         if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
             lo, hi = int(parts[0]), int(parts[-1])
-    if lo is None or lo < 1 or hi < lo:
+    if lo is None or hi is None or lo < 1 or hi < lo:  # hi is None exactly when lo is
         raise LaunchConfigError("nnodes", expected="N >= 1 or 'MIN:MAX' with 1 <= MIN <= MAX",
                                 given=nnodes, fix=fix)
     if multinode:

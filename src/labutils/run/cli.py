@@ -45,9 +45,9 @@ def _cmd_launch(ns: argparse.Namespace) -> int:
     try:
         result = launch(display=TextDisplay(limit=None, console=True), **kwargs)
     except KeyboardInterrupt:
-        result = last_result()
-        if result is not None and ns.json_file:
-            result.write_json(ns.json_file)
+        last = last_result()
+        if last is not None and ns.json_file:
+            last.write_json(ns.json_file)
         return 128 + _ended_by[0] if _ended_by else EXIT_INTERRUPTED
     if ns.json_file:
         result.write_json(ns.json_file)

@@ -16,6 +16,7 @@ shared run folder (run/nodes.py).
 from __future__ import annotations
 
 import os
+from typing import cast
 
 from labutils.errors import LaunchConfigError
 from labutils.notebook.display import Display
@@ -140,7 +141,7 @@ def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=N
     if spec.multinode:
         from labutils.cluster.network import check_endpoint_host
 
-        check_endpoint_host(spec.rdzv_endpoint)
+        check_endpoint_host(cast(str, spec.rdzv_endpoint))  # set for a multi-node job
     if not isinstance(display, Display):
         display = make_display(display)
     run_dir = new_run_dir(spec.script, log_dir, job=spec.rdzv_id)

@@ -21,6 +21,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from labutils.errors import LaunchConfigError
 from labutils.run.spec import BACKENDS
@@ -72,7 +73,7 @@ class Option:
     # Composite options: the value from the parsed flags, and the flags for a value.
     # None: the one flag's value, and [flag, value].
     read: Callable[[argparse.Namespace], object] | None = None
-    words: Callable[[object], list] | None = None
+    words: Callable[[Any], list] | None = None
 
 
 def _word(value):
@@ -237,16 +238,19 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, magic: bool = False
               for name in GROUPS if any(o.group == name for o in chosen)}
     for option in chosen:
         where = groups[option.group] if option.group else parser
-        exclusive = None
+        exclusive: argparse._MutuallyExclusiveGroup | None = None
         for flag in option.flags:
             if flag.exclusive and exclusive is None:
                 exclusive = where.add_mutually_exclusive_group()
             default = option.default if len(option.flags) == 1 else flag.default
+            settings: dict[str, Any]
             settings = {"help": flag.help, "type": flag.type, "default": default,
                         "choices": flag.choices, "metavar": flag.metavar, "action": flag.action}
             if flag.action:
                 settings.update(type=None, default=flag.default)
-            (exclusive if flag.exclusive else where).add_argument(
+            # an exclusive flag's group was made above
+            target = cast(argparse._MutuallyExclusiveGroup, exclusive) if flag.exclusive else where
+            target.add_argument(
                 *flag.names, **{k: v for k, v in settings.items() if v not in (None, REQUIRED)})
 
 

@@ -7,9 +7,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
-from labutils.runtime import runfiles
 from labutils.run.diagnosis import Failure, Hang, signal_name
+from labutils.runtime import runfiles
 
 STATES = ("starting", "running", "done", "failed", "hung", "killed")
 
@@ -196,14 +197,14 @@ class RunResult:
                 src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
                 mark = "  <- straggler" if rank in h.stragglers else ""
                 lines.append(f"  rank {rank} waits at {where}{call}{mark}{src}")
-            for rank, code in h.exited.items():
-                lines.append(f"  rank {rank} had already exited (code {code})")
+            for rank, exit_code in h.exited.items():
+                lines.append(f"  rank {rank} had already exited (code {exit_code})")
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
         return runfiles.shorten_build_paths("\n".join(lines))
 
     def _mismatch_lines(self) -> list[str]:
-        f = self.failure
+        f = cast(Failure, self.failure)  # called only for a failure with a mismatch
         ranks = sorted(f.mismatch)
         calls = {(m["collective"], m["where"]) for m in f.mismatch.values()}
         lines = [f"collectives did not match: ranks {', '.join(map(str, ranks))} each timed out "

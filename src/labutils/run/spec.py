@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from labutils.errors import LaunchConfigError, real_number, whole_number
 from labutils.run.checks import (
@@ -287,7 +288,8 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
     endpoint, rdzv_id, backend = f"127.0.0.1:{port}", run_id, "c10d"
     node = []
     if spec.multinode:
-        endpoint, rdzv_id = spec.rdzv_endpoint, spec.rdzv_id
+        # both set for a multi-node job (check_multinode)
+        endpoint, rdzv_id = cast(str, spec.rdzv_endpoint), cast(str, spec.rdzv_id)
         if spec.node_rank is not None:
             backend, node = "static", ["--node-rank", str(spec.node_rank)]
     rdzv = []

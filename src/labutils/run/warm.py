@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from labutils.run.spec import LaunchSpec
 from labutils.runtime import runfiles
@@ -137,7 +138,8 @@ class Server:
         self.keepers: set[int] = set()  # keepers started and not yet seen to end
         self.used = time.monotonic()
         mine, theirs = socket.socketpair()
-        self.errors = tempfile.TemporaryFile()  # the server's stderr, read if it fails
+        # the server's stderr, read if it fails; it lives as long as this object
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115
         env = {k: v for k, v in env.items() if k not in PER_RUN}
         try:
             self.proc = subprocess.Popen(
@@ -245,9 +247,9 @@ class Keeper:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                raise subprocess.TimeoutExpired(self.args, cast(float, timeout))  # deadline set
             time.sleep(0.01)
-        return self.returncode
+        return cast(int, self.returncode)  # poll() returned it
 
     def kill(self) -> None:
         try:

@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import FrameType
+from typing import IO, cast
 
 EVENT = "debugger"
 
@@ -89,7 +91,9 @@ def socket_pdb(listener: Listener):
             self.files = (self.conn.makefile("r", encoding="utf-8", errors="replace"),
                           self.conn.makefile("w", buffering=1, encoding="utf-8",
                                              errors="replace"))
-            super().__init__(stdin=self.files[0], stdout=_Lenient(self.files[1]), nosigint=True)
+            # _Lenient is a duck-typed text file (write and flush)
+            super().__init__(stdin=self.files[0], stdout=cast(IO[str], _Lenient(self.files[1])),
+                             nosigint=True)
             self.use_rawinput = False
             self.prompt = f"(Pdb rank {listener.rank}) "
 
@@ -135,7 +139,7 @@ class _Lenient:
 
 def _caller() -> str:
     """file:line of the first frame outside pdb, torch.distributed and this module."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.endswith(("pdb.py", "bdb.py")) or name == __file__
@@ -269,11 +273,11 @@ def waiting_sockets(run_dir: str | os.PathLike) -> dict[int, str]:
 
     from labutils.runtime.runfiles import events_path
 
-    found = {}
+    found: dict[int, str] = {}
     for folder in sorted(Path(run_dir).glob("rank*")):
         rank = int(folder.name[4:]) if folder.name[4:].isdigit() else None
         path = events_path(run_dir, rank) if rank is not None else None
-        if path is None or not path.is_file():
+        if rank is None or path is None or not path.is_file():  # path is None when rank is
             continue
         last = None
         for line in path.read_text(errors="replace").splitlines():

@@ -85,7 +85,7 @@ def carrying(name: str, value: str) -> list[int]:
     name=value: how the processes of one run, or one graded submission, are found
     wherever they were re-parented (Linux; empty elsewhere)."""
     needle = f"{name}={value}".encode()
-    found = []
+    found: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
