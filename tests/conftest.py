@@ -144,6 +144,9 @@ PYTHON = sys.executable
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False,
                      help="run the lifetime tests' every ending 20 times (tests/test_lifetime.py)")
+    parser.addoption("--endings-all", action="store_true", default=False,
+                     help="run every ending of tests/run/test_endings.py with 2 and 4 ranks, "
+                          "the failing rank first and last")
 
 
 def this_python_kernel(tmp_path, name: str):

@@ -85,13 +85,17 @@ def test_variables_read_at_import_get_a_server_of_their_own(runs_dir):
                            capture_output=True, env={**os.environ, **env}).stdout
     seen = _sees(hot, same)[0]
     assert seen["hash_seed"] == int(fresh) and seen["debug_level"].endswith("DETAIL")
-    assert seen["omp"] is None and seen["threads"] == _sees(cold)[0]["threads"]
+    # one rank: the launcher sets no OMP_NUM_THREADS; the rank sees the caller's, if any
+    assert seen["omp"] == os.environ.get("OMP_NUM_THREADS")
+    assert seen["threads"] == _sees(cold)[0]["threads"]
     assert any(s.import_env.get("PYTHONHASHSEED") == "123" for s in warm.servers())
 
 
 def test_a_killed_server_is_replaced(runs_dir):
     first = launch(SEES, 2, display="none")
-    server = next(s for s in warm.servers() if s.import_env.get("OMP_NUM_THREADS") == "1")
+    # the launcher's OMP_NUM_THREADS=1 for several ranks, unless the caller set one
+    omp = os.environ.get("OMP_NUM_THREADS", "1")
+    server = next(s for s in warm.servers() if s.import_env.get("OMP_NUM_THREADS") == omp)
     os.kill(server.pid, signal.SIGKILL)
     server.proc.wait(timeout=10)
     again = launch(SEES, 2, display="none")

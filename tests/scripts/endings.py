@@ -43,11 +43,15 @@ seconds = 3 if how == "timeout_mismatch" else 60
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
 x = torch.ones(4)
 dist.all_reduce(x)
+if how == "breakpoint_peer" and rank != failing:
+    breakpoint()  # waits for a debugger nobody opens, while the failing rank raises
 if how == "size_mismatch":
     dist.all_reduce(torch.ones(1 if rank == failing else 8))  # ending: size_mismatch
 if rank == failing:
-    if how == "exception":
+    if how in ("exception", "breakpoint_peer"):
         raise ValueError("the batch is empty")  # ending: exception
+    if how == "syntax_error":
+        exec(compile("steps = (1, 2", "config.py", "exec"))  # ending: syntax_error
     if how == "sys_exit":
         sys.exit(3)  # ending: sys_exit
     if how == "os_exit":

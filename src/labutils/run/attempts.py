@@ -163,6 +163,7 @@ class AttemptFold:
                             f"restart {self.index}: torchrun started the ranks again, restart "
                             f"count {restart}, world size {size}{change}"))
         agent = int(ev.get("agent", 0))
+        assert self.current is not None  # opened above
         self.current.agents.setdefault(agent, []).append(r.rank)
         r.node = ev.get("node") or ""
         r.local = r.node == self.token

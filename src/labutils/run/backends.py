@@ -53,7 +53,46 @@ class Agent:
         return self.proc is not None and self.proc.poll() is None
 
 
-class LocalAgents:
+class Backend:
+    """What the follow loop (run/follow.py) drives: where a run's ranks start and end.
+
+    Lifecycle: constructed (its commands known, nothing started) -> start() -> while
+    the run goes, tick() and rank_alive() -> stop(), which leaves no process behind ->
+    logs() and exit_code for the ending. LocalAgents and SlurmJob implement it.
+    """
+
+    shared: bool = False  # ranks run where this launcher cannot signal them
+    start_kind: str = "cold"  # "warm" or "cold"
+    start_reason: str | None = None  # why cold, or that a warm server was started
+    command: list[str]
+    commands: list[list[str]]
+    agents: list[Agent]
+
+    def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """Called every few hundred milliseconds while the run goes."""
+
+    def rank_alive(self, r: RankState) -> bool:
+        raise NotImplementedError
+
+    def stop(self, ranks: list[int], reason: str, note) -> None:
+        raise NotImplementedError
+
+    def logs(self, *, faulted: bool = True) -> list[Path]:
+        """torchrun's own logs (those of agents a fault stopped only when faulted)."""
+        return []
+
+    @property
+    def exit_code(self) -> int | None:
+        raise NotImplementedError
+
+    def kill_agent(self, index: int, rank_pids: list[int], fault: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot stop one agent of a run")
+
+
+class LocalAgents(Backend):
     """The run's agents on this machine, each under its keeper."""
 
     shared = False  # every rank is this launcher's to signal (unless multi-node)
@@ -154,7 +193,7 @@ class LocalAgents:
         agent.stopped_by_fault = fault
 
 
-class SlurmJob:
+class SlurmJob(Backend):
     """launch(..., scheduler="slurm"): the run as a SLURM batch job, followed from here.
 
     The job's script (labutils.cluster.slurm.sbatch_script) runs one `labutils launch`

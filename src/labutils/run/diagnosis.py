@@ -19,6 +19,7 @@ import os
 import re
 import signal
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from labutils.runtime.frames import is_library, script_depth
@@ -132,7 +133,7 @@ def _raised(rank: int, ev: dict, exit_code: int | None) -> Failure:
                    source=ev.get("source", ""), exit_code=exit_code)
 
 
-def _ended_badly(rank: int, code: int, *, finished: set[int], stderr_tail: str,
+def _ended_badly(rank: int, code: int, *, finished: AbstractSet[int], stderr_tail: str,
                  exit_event: dict | None) -> Failure:
     """The failure of a rank that ended by a signal or a non-zero exit code, without
     an exception."""
@@ -176,7 +177,7 @@ def find_failure(
     exit_codes: dict[int, int | None],
     failed_ranks: list[int],
     *,
-    finished: set[int] = frozenset(),
+    finished: AbstractSet[int] = frozenset(),
     stderr_tails: dict[int, str] | None = None,
     ended_at: dict[int, float] | None = None,
     exit_events: dict[int, dict] | None = None,
@@ -224,7 +225,7 @@ def find_failure(
         rank = first[0][2]
         root = _raised(rank, exceptions[rank], exit_codes.get(rank))
     elif first:
-        root = _ended_badly(first[0][2], exit_codes[first[0][2]], finished=finished,
+        root = _ended_badly(first[0][2], exit_codes[first[0][2]] or 0, finished=finished,
                             stderr_tail=stderr_tails.get(first[0][2], ""),
                             exit_event=exit_events.get(first[0][2]))
     elif primary:  # every rank that failed on its own timed out in a collective

@@ -21,8 +21,8 @@ from pathlib import Path
 from labutils.notebook.display import Display
 from labutils.run import outcome
 from labutils.run.attempts import AttemptFold, RankState
-from labutils.run.backends import LocalAgents, SlurmJob
-from labutils.run.diagnosis import analyse_hang
+from labutils.run.backends import Backend, LocalAgents, SlurmJob
+from labutils.run.diagnosis import Hang, analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
 from labutils.run.spec import LaunchSpec, RunRequest
@@ -63,6 +63,7 @@ class Run:
         self.output = [RankOutput(run_dir, r) for r in range(spec.world_size)]
         self.events = [EventTail(run_dir, r) for r in range(spec.world_size)]
         self.endings = EndingsTail(run_dir)
+        self.backend: Backend
         if scheduler == "slurm":
             self.backend = SlurmJob(spec, run_dir, slurm, self.nodes)
         else:
@@ -73,7 +74,7 @@ class Run:
         self.attempts: list[dict] = []
         self.fired: dict[int, int] = {}  # attempt -> index in spec.faults of an agent fault
         self.reason = "ok"
-        self.hang = None
+        self.hang: Hang | None = None
         self.notes: list[str] = []  # lines for the display once the run starts
         env, self._net_note = self._environment()
         kind, why = self.backend.start_kind, self.backend.start_reason
@@ -143,7 +144,7 @@ class Run:
         if spec.multinode:
             from labutils.cluster.network import interface_env
 
-            chosen, net_note = interface_env(spec.rdzv_endpoint, {**os.environ, **spec.env})
+            chosen, net_note = interface_env(spec.rdzv_endpoint or "", {**os.environ, **spec.env})
             env.update(chosen)
             env[runfiles.ENV_NODE] = self.token
         env.update(spec.env)
@@ -200,10 +201,12 @@ class Run:
             time.sleep(POLL_S)
 
     def _ending(self) -> str:
-        if isinstance(self.backend, SlurmJob):
-            return "failed" if self.backend.failed() else "ok"
+        backend = self.backend
+        if isinstance(backend, SlurmJob):
+            return "failed" if backend.failed() else "ok"
+        assert isinstance(backend, LocalAgents)
         finished = self._finished_at is not None  # the rest wait in the exit barrier
-        codes = self.backend.exit_codes()
+        codes = backend.exit_codes()
         return "ok" if all(c == 0 or (c is None and finished) for c in codes) else "failed"
 
     def _finished(self, now: float) -> bool:
@@ -215,6 +218,7 @@ class Run:
         backend = self.backend
         if isinstance(backend, SlurmJob):
             return backend.finished(now, self.display.note)
+        assert isinstance(backend, LocalAgents)
         remote = self.fold.remote_nodes
         if not backend.any_alive():
             if self.token and self._host_gone_at is None:
@@ -276,19 +280,22 @@ class Run:
     def _shutdown(self) -> None:
         if self.shared:
             self.nodes.tell_others_to_stop(self.reason)
-        ranks = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
+        ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
             if not isinstance(self.backend, SlurmJob) else []
         self.backend.stop(ranks, self.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
-        for tail in (*self.output, *self.events, self.endings):
+        for output in self.output:
+            output.close()
+        for tail in self.events:
             tail.close()
+        self.endings.close()
 
     # ------------------------------------------------------------- following
     def _poll(self, *, final: bool = False) -> None:
         # Events of all ranks in the order they happened, so that the last events of
         # one attempt are never taken for the next attempt's.
-        events = []
+        events: list[tuple[float, int, int, dict]] = []
         for rank, (output, tail) in enumerate(zip(self.output, self.events)):
             new_events = tail.poll(final=final)
             events.extend((ev.get("t", 0.0), rank, i, ev) for i, ev in enumerate(new_events))
@@ -333,9 +340,10 @@ class Run:
             if fault.get("agent") == ev.get("agent") and fault["step"] == ev.get("step") \
                     and fault["restart"] == ev.get("restart"):
                 self.fired[attempt] = i
+                assert self.fold.current is not None  # a rank of it reported the step
                 gone = sorted(self.fold.current.agents.get(fault["agent"], []))
-                self.backend.kill_agent(fault["agent"], [self.ranks[g].pid for g in gone
-                                                         if self.alive(self.ranks[g])], fault)
+                self.backend.kill_agent(fault["agent"], [pid for g in gone if (pid := self.ranks[g].pid)
+                                                         and self.alive(self.ranks[g])], fault)
                 for rank in gone:
                     self.ranks[rank].exit_code = -signal.SIGKILL
                     self.set_state(self.ranks[rank], "killed")
@@ -349,7 +357,7 @@ class Run:
         self.display.note(f"no rank made progress for {silent:.0f} s: reading every rank's stack")
         offsets = {r.rank: outcome.stacks_size(self.run_dir, r.rank) for r in alive}
         for r in alive:
-            if r.local:
+            if r.local and r.pid:
                 try:
                     os.kill(r.pid, signal.SIGUSR1)
                 except OSError:
@@ -358,7 +366,8 @@ class Run:
         if remote:  # their launchers' machines: ask through the run folder
             self.nodes.request_stacks(remote)
         dumps = outcome.wait_for_dumps(self.run_dir, offsets)
-        exited = {r.rank: r.exit_code for r in self._members() if r.exit_code is not None}
+        exited: dict[int, int | None] = {r.rank: r.exit_code for r in self._members()
+                                          if r.exit_code is not None}
         self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
                                  exited=exited, silent_s=silent)
         for r in alive:

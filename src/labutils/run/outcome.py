@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from labutils.run.attempts import Attempt
@@ -127,7 +128,7 @@ def stacks_size(run_dir: Path, rank: int) -> int:
 
 
 def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
-               finished: set[int] = frozenset()):
+               finished: AbstractSet[int] = frozenset()):
     """The root cause among an attempt's ranks (diagnosis.find_failure), or None."""
     members = [run.ranks[rank] for rank in exit_codes]
     exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}

@@ -15,6 +15,7 @@ import os
 import re
 from collections import deque
 from pathlib import Path
+from typing import BinaryIO
 
 from labutils.runtime import runfiles
 from labutils.runtime.frames import script_depth
@@ -27,7 +28,7 @@ class LineTail:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self._fh = None
+        self._fh: BinaryIO | None = None
         self._partial = b""
         self.bytes_read = 0
 
@@ -124,7 +125,7 @@ class FatalDumpCut:
         if not block:
             return []
         frames = block[1:]
-        depth = script_depth([_DUMP_FRAME_RE.match(f).group(1) for f in frames])
+        depth = script_depth([m.group(1) for f in frames if (m := _DUMP_FRAME_RE.match(f))])
         self.dropped = bool(frames) and depth == 0
         if self.dropped:
             return []  # a thread of the bootstrap, not of the script
@@ -138,8 +139,10 @@ class RankOutput:
         self.rank = rank
         self.paths = {s: runfiles.stream_path(run_dir, rank, s) for s in runfiles.STREAMS}
         self._tails = {s: LineTail(p) for s, p in self.paths.items()}
-        self.tail = {s: deque(maxlen=keep) for s in runfiles.STREAMS}
-        self.combined = deque(maxlen=keep)  # (stream, line) in arrival order
+        self.tail: dict[str, deque[str]] = {s: deque(maxlen=keep) for s in runfiles.STREAMS}
+        # (stream, line) in arrival order
+        self.combined: deque[tuple[str, str]] = deque(maxlen=keep)
+        self.keep = keep
         self.counts = {s: 0 for s in runfiles.STREAMS}
         self._dump = FatalDumpCut()  # faulthandler writes fatal dumps to stderr
 
@@ -154,7 +157,7 @@ class RankOutput:
             if not lines:
                 continue
             self.tail[stream].extend(lines)
-            self.combined.extend((stream, line) for line in lines[-self.combined.maxlen:])
+            self.combined.extend((stream, line) for line in lines[-self.keep:])
             self.counts[stream] += len(lines)
             new[stream] = lines
         return new

@@ -33,8 +33,13 @@ import sys
 import time
 
 from labutils.runtime.procs import become_subreaper, die_with_parent, tree
-from labutils.runtime.runfiles import (ENV_AGENT_PID, ENV_PARENT_PID, ENV_RUN_DIR, EventWriter,
-                                       endings_path)
+from labutils.runtime.runfiles import (
+    ENV_AGENT_PID,
+    ENV_PARENT_PID,
+    ENV_RUN_DIR,
+    EventWriter,
+    endings_path,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WATCHED = {signal.SIGCHLD, *STOP_SIGNALS}
@@ -59,7 +64,7 @@ def record_endings(run_dir: str) -> None:
         if code is not None and os.getpid() == agent:
             writer.write({"host": host, "pid": pid, "code": code, "t": time.time()})
 
-    handle_exitstatus = subprocess.Popen._handle_exitstatus
+    handle_exitstatus = subprocess.Popen._handle_exitstatus  # type: ignore[attr-defined]
 
     def _handle_exitstatus(self, sts, *args, **kwargs):
         handle_exitstatus(self, sts, *args, **kwargs)
@@ -74,8 +79,8 @@ def record_endings(run_dir: str) -> None:
             ended(self.pid, code)
         return code
 
-    subprocess.Popen._handle_exitstatus = _handle_exitstatus
-    popen_fork.Popen.poll = poll
+    subprocess.Popen._handle_exitstatus = _handle_exitstatus  # type: ignore[attr-defined]
+    popen_fork.Popen.poll = poll  # type: ignore[method-assign]
 
 
 def run_agent(argv: list[str], keeper: int) -> None:

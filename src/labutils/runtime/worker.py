@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType
+from typing import Any
 
 from labutils.runtime import debugger, runfiles
 from labutils.runtime.frames import is_bootstrap, is_library
@@ -55,7 +57,7 @@ def _redirect_fd(fd: int, path: os.PathLike) -> None:
 
 
 def _stack_signature(frame) -> tuple:
-    sig = []
+    sig: list[tuple[int, int]] = []
     while frame is not None and len(sig) < 64:
         sig.append((id(frame.f_code), frame.f_lineno))
         frame = frame.f_back
@@ -85,7 +87,7 @@ class _StackRequests:
         try:
             import json
 
-            ranks = json.loads(self.path.read_text()).get("ranks", [])
+            ranks = json.loads(self.path.read_text()).get("ranks", [])  # type: ignore[union-attr]
         except (OSError, ValueError, AttributeError):
             return
         if self.rank in ranks and self.stacks is not None:
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush(), sys.stderr.flush()
         _redirect_fd(1, runfiles.stream_path(run_dir, rank, "stdout"))
         _redirect_fd(2, runfiles.stream_path(run_dir, rank, "stderr"))
-        sys.stdout.reconfigure(line_buffering=True)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         stacks = open(runfiles.stacks_path(run_dir, rank), "a")  # noqa: SIM115 - must stay open
         _keep_alive.append(stacks)
         faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
@@ -289,14 +291,16 @@ def fresh_start() -> None:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    for finalizer in list(weakref.finalize._registry):
+    # multiprocessing's and weakref's private state: what a fresh interpreter starts with
+    for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
         finalizer.detach()
-    me = mp_process.current_process()  # made what a main process's own object is
-    me._config = {"authkey": mp_process.AuthenticationString(os.urandom(32)),
+    me: Any = mp_process.current_process()  # made what a main process's own object is
+    me._config = {"authkey": mp_process.AuthenticationString(os.urandom(32)),  # type: ignore[attr-defined]
                   "semprefix": "/mp"}
     me._name, me._identity, me._parent_pid, me._parent_name = "MainProcess", (), None, None
-    mp_process._parent_process = None
-    mp_process._children = set()
+    mp_state: Any = mp_process
+    mp_state._parent_process = None
+    mp_state._children = set()
     # Random state seeded from the OS when a module was imported would otherwise be the
     # server's, the same in every rank and every run: seed it afresh, as an import would.
     import random
@@ -334,7 +338,7 @@ def _return_and_exit() -> None:
     function entry point's wrapper, torch.distributed.elastic.multiprocessing.api._wrap)
     and end the process; return into the entry point as before when that wrapper is
     not on the stack (another torch)."""
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None and not (frame.f_code.co_name == "_wrap"
                                      and "ret_val_" in frame.f_locals):
         frame = frame.f_back
