@@ -172,6 +172,34 @@ def _ended_early(exit_codes: dict[int, int | None], ended_at: dict[int, float],
     return early[0][1] if early else None
 
 
+def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list[int],
+                  primary: list[tuple[int, dict]]) -> None:
+    """Sort the other ranks that ended badly: victims of the root cause, ranks with an
+    error of their own (also_failed), or, when every rank that failed on its own timed
+    out in a collective, a mismatch of calls."""
+    involved = set(failed_ranks) | set(exceptions)
+    if root.kind == "early_exit":
+        involved.discard(root.rank)
+    # Ranks that raised an error of their own (not a lost peer) failed in their own
+    # right, often with the same error as the root cause; the rest only died of it.
+    root.also_failed = sorted(
+        r for r, ev in exceptions.items()
+        if r != root.rank and not looks_like_victim(ev.get("message", ""))
+    )
+    root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
+    timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
+    if len(timed_out) >= 2 and all(r in timed_out for r, _ in primary):
+        # Each rank waited for peers that were in another call: blaming the first to give
+        # up would point at an innocent line. Show every rank's call instead.
+        root.mismatch = {r: {"collective": collective_in(ev.get("traceback", "")),
+                             "where": f"{_short(ev.get('file'))}:{ev.get('line')}",
+                             "source": ev.get("source", "")}
+                         for r, ev in sorted(timed_out.items())}
+        root.also_failed = sorted(r for r in timed_out if r != root.rank)
+        root.victims = sorted(r for r in involved if r not in timed_out)
+        root.kind = "mismatch"
+
+
 def find_failure(
     exceptions: dict[int, dict],
     exit_codes: dict[int, int | None],
@@ -252,27 +280,7 @@ def find_failure(
             rank=rank, exc_type=signal_name(code) or "Died",
             message="the process ended without an exit code we could read",
             file=None, line=None, traceback="", exit_code=code, kind="signal")
-    involved = set(failed_ranks) | set(exceptions)
-    if root.kind == "early_exit":
-        involved.discard(root.rank)
-    # Ranks that raised an error of their own (not a lost peer) failed in their own
-    # right, often with the same error as the root cause; the rest only died of it.
-    root.also_failed = sorted(
-        r for r, ev in exceptions.items()
-        if r != root.rank and not looks_like_victim(ev.get("message", ""))
-    )
-    root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
-    timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
-    if len(timed_out) >= 2 and all(r in timed_out for r, _ in primary):
-        # Each rank waited for peers that were in another call: blaming the first to give
-        # up would point at an innocent line. Show every rank's call instead.
-        root.mismatch = {r: {"collective": collective_in(ev.get("traceback", "")),
-                             "where": f"{_short(ev.get('file'))}:{ev.get('line')}",
-                             "source": ev.get("source", "")}
-                         for r, ev in sorted(timed_out.items())}
-        root.also_failed = sorted(r for r in timed_out if r != root.rank)
-        root.victims = sorted(r for r in involved if r not in timed_out)
-        root.kind = "mismatch"
+    _mark_victims(root, exceptions, failed_ranks, primary)
     return root
 
 
