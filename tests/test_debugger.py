@@ -168,3 +168,26 @@ def test_the_ranks_pane_takes_pdb_commands_while_the_cell_runs(kernel):
     assert result["reason"] == "ok"
     assert "rank 1: secret 99, sum 4" in result["out"][1]
     assert all(pid and not pid_alive(pid) for pid in result["pids"])
+
+
+def test_a_rank_gone_before_its_console_connects_ends_nothing_but_its_session(tmp_path):
+    """The "waiting" event of a rank that torchrun ended meanwhile (a peer failed):
+    no console can reach it, at once, and the displays go on."""
+    import socket as socketlib
+    import time
+
+    from labutils.notebook.display import Display, TextDisplay
+    from labutils.runtime.debugger import Console, DebuggerGone
+
+    path = tmp_path / "rank0.sock"
+    listener = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.close()  # the socket file stays, nobody listens: connection refused
+    for gone in (path, tmp_path / "removed.sock"):
+        t0 = time.monotonic()
+        with pytest.raises(DebuggerGone):
+            Console(str(gone))
+        assert time.monotonic() - t0 < 1.0
+    event = {"state": "waiting", "socket": str(path), "where": "train.py:9"}
+    Display().debugger(0, event)  # display="none": nothing to continue
+    TextDisplay(limit=None).debugger(0, event)

@@ -50,6 +50,9 @@ ENDINGS = {
     "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "stuck": ("hang", None, None, True, None),
 }
+# endings whose line is another ending's: breakpoint_peer's failing rank raises as
+# "exception" does, while its peers wait at breakpoint()
+LINE_OF = {"breakpoint_peer": "exception"}
 # (world size, failing rank) beyond (2, last) in the default suite: where the failing
 # rank hosts the rendezvous store (rank 0) and peers are several.
 FIRST_OF_FOUR = ("sys_exit", "os_exit", "sigkill", "segfault", "return_early", "init_error")
@@ -96,10 +99,12 @@ def verdict(summary: dict) -> dict:
         out["failure"] = {
             "rank": failure["rank"] if failure["kind"] != "mismatch" else None,
             "kind": failure["kind"], "exc_type": failure["exc_type"], "message": message,
-            "where": f"{Path(failure['file']).name}:{failure['line']}" if failure["file"] else None,
+            # a mismatch's own rank and line are whichever rank timed out first
+            "where": f"{Path(failure['file']).name}:{failure['line']}"
+            if failure["file"] and failure["kind"] != "mismatch" else None,
             "victims": failure["victims"], "also_failed": sorted(
                 failure["also_failed"] + ([failure["rank"]] if failure["kind"] == "mismatch" else [])),
-            "exit_code": failure["exit_code"],
+            "exit_code": failure["exit_code"] if failure["kind"] != "mismatch" else None,
             "mismatch": failure["mismatch"],
         }
     if hang:
@@ -113,7 +118,8 @@ def expected(how: str, nproc: int, failing: int) -> dict:
     kind, exc_type, code, has_line, phrase = ENDINGS[how]
     others = [r for r in range(nproc) if r != failing]
     return {"kind": kind, "exc_type": exc_type, "exit_code": code, "victims": others,
-            "where": f"endings.py:{tagged_line(how)}" if has_line else None, "phrase": phrase}
+            "where": f"endings.py:{tagged_line(LINE_OF.get(how, how))}" if has_line else None,
+            "phrase": phrase}
 
 
 def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:

@@ -62,9 +62,12 @@ class Display:
         "waiting", with its "socket" and "where"), got one ("attached"), or went on
         ("ended"). Nobody can type here (display="none"): the rank is told to continue."""
         if event.get("state") == "waiting":
-            from labutils.runtime.debugger import Console
+            from labutils.runtime.debugger import Console, DebuggerGone
 
-            console = Console(event["socket"])
+            try:
+                console = Console(event["socket"])
+            except DebuggerGone:
+                return  # the rank has already gone: nothing to continue
             console.send("continue")
             console.closed.wait(10)  # the rank ends the session once it has continued
             console.close()

@@ -46,6 +46,7 @@ from labutils.notebook.panes import (  # noqa: F401
 from labutils.notebook.subshell import route_clicks_to_subshell
 from labutils.run.result import RankResult, RunResult
 from labutils.runtime import runfiles
+from labutils.runtime.debugger import DebuggerGone
 
 
 class WidgetDisplay(Display):
@@ -150,8 +151,12 @@ class WidgetDisplay(Display):
             return
         state, pane = event.get("state"), self.panes[rank]
         if state == "waiting":
-            console = PaneConsole(rank, event["socket"])
             where = event.get("where", "a breakpoint")
+            try:
+                console = PaneConsole(rank, event["socket"])
+            except DebuggerGone:
+                self.note(f"rank {rank} stopped at {where} and ended before its debugger opened")
+                return
             if console.live:
                 self._consoles[rank] = console
                 pane.console = console.widget

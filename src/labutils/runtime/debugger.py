@@ -211,6 +211,11 @@ def after_import(name: str, fn) -> None:
 
 # ------------------------------------------------------------------ the console's end
 
+class DebuggerGone(ConnectionError):
+    """The rank left before a console reached its debugger: it failed, or torchrun
+    ended it because a peer failed, between its "waiting" event and the connection."""
+
+
 class Console:
     """A connection to a rank's debugger: send lines, read what pdb writes.
 
@@ -218,17 +223,15 @@ class Console:
     can show pdb's output from the thread it runs on.
     """
 
-    def __init__(self, path: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, path: str) -> None:
+        # The rank wrote its "waiting" event after its socket listened: a socket that
+        # is not there, or refuses, belongs to a rank that has gone.
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock.connect(path)
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        try:
+            self.sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self.sock.close()
+            raise DebuggerGone(f"the rank's debugger at {path} is gone: {exc}") from exc
         self._buffer: list[str] = []
         self._lock = threading.Lock()
         self.closed = threading.Event()
@@ -301,7 +304,12 @@ def bridge_terminal(path: str, *, stdin=None, stdout=None, poll_s: float = 0.1) 
     """
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    console = Console(path)
+    try:
+        console = Console(path)
+    except DebuggerGone:
+        stdout.write("[labutils] the rank ended before its debugger opened\n")
+        stdout.flush()
+        return
     try:
         while not console.closed.is_set():
             text = console.take()
