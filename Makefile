@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 PYTEST_ARGS ?=
+# pytest workers of the parallel pass (pytest-xdist); the serial pass runs alone after it.
+PYTEST_WORKERS ?= 2
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -35,8 +37,16 @@ lab: setup
 	$(VENV)/bin/jupyter lab $(ALLOW_ROOT) --ServerApp.port=$(PORT) --ServerApp.root_dir=. \
 	    lessons/00_first_distributed_run.ipynb
 
+# Lint and type-check src/, then the suite: everything that does not assert a time or a
+# rate on every core (a test file stays on one worker: module fixtures run once), then
+# the serial tests and the lessons' notebooks on a quiet machine. pytest's status 5
+# (nothing selected: PYTEST_ARGS named only serial or only parallel tests) is no failure.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); \
+	    status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
+	$(PY) -m pytest -m serial $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 # The GPU tests alone (NCCL, nn.DataParallel, a notebook on CUDA); on a machine without
 # CUDA they are skipped with the reason. Needs a CUDA build of torch (PyPI's on Linux).

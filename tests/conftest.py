@@ -141,6 +141,15 @@ def write_script(tmp_path):
 PYTHON = sys.executable
 
 
+def pytest_collection_modifyitems(config, items):
+    """The lessons' notebooks measure (overlap, bandwidth, time per step) and say whether
+    a prediction held: they run in `make test`'s serial pass, on a quiet machine, with the
+    tests marked serial (those that assert a time or a rate); the rest run in parallel."""
+    for item in items:
+        if Path(str(item.fspath)).parent.name == "lessons" and str(item.fspath).endswith(".ipynb"):
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False,
                      help="run the lifetime tests' every ending 20 times (tests/test_lifetime.py)")

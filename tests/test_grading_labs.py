@@ -130,6 +130,7 @@ def _variant(tmp_path: Path, name: str, *, script_from: str, edit=None, notebook
     return folder
 
 
+@pytest.mark.serial
 def test_eight_submissions_two_at_a_time_in_under_three_minutes(tmp_path):
     """One lab, 8 submissions of all kinds, --jobs 2: partial credit, integrity, speed.
 
