@@ -27,7 +27,7 @@ from conftest import iopub_until
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "breakpoint_rank1.py"
-LABUTILS = [sys.executable, "-m", "labutils.run.cli"]
+LABUTILS = [sys.executable, "-m", "labutils.cli"]
 
 
 def _cli(commands: str, *extra: str, runs_dir: Path, delay_s: float = 0.0, env=None):

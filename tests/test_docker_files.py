@@ -314,7 +314,7 @@ def test_compose_nodes_run_a_real_lesson_script_the_image_holds():
 
 
 def test_compose_nodes_form_one_two_node_job():
-    from labutils.run.cli import build_parser
+    from labutils.cli import build_parser
 
     parser = build_parser()
     launch = parser._subparsers._group_actions[0].choices["launch"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from labutils.run import cli, result
+from labutils import cli
+from labutils.run import result
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()

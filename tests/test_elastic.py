@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from labutils import launch
-from labutils.run.cli import build_parser, launch_kwargs
+from labutils.cli import build_parser, launch_kwargs
 from labutils.runtime.runfiles import events_path
 
 # Every test here runs warm and cold (conftest.py: the `start` fixture).

@@ -29,7 +29,7 @@ from labutils.grading.runner import HIDDEN_CHECKS_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 LABS = sorted(p.parent.name for p in (REPO / "labs").glob("*/lab.json"))
-LABUTILS = [sys.executable, "-m", "labutils.run.cli"]
+LABUTILS = [sys.executable, "-m", "labutils.cli"]
 
 
 # ----------------------------------------------------------------- the learner's copy

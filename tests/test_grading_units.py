@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from labutils.run.cli import main as cli
+from labutils.cli import main as cli
 from labutils.run.diagnosis import Failure, Hang
 from labutils.grading import report
 from labutils.grading.batch import GradingError, grade, load_lab, submission_names

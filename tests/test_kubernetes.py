@@ -214,7 +214,7 @@ def test_shared_volume_gets_every_pods_logs(monkeypatch):
 
 
 def test_labutils_launcher_command_parses_with_the_cli():
-    from labutils.run.cli import build_parser
+    from labutils.cli import build_parser
 
     parser = build_parser()
     launch = parser._subparsers._group_actions[0].choices["launch"]
@@ -298,7 +298,7 @@ def test_script_outside_the_course_folder(tmp_path):
 
 
 def cli(argv: list[str]) -> argparse.Namespace:
-    """Parse like labutils.run.cli.main: the subcommand registered by add_subcommand, -- cut off."""
+    """Parse like labutils.cli.main: the subcommand registered by add_subcommand, -- cut off."""
     parser = argparse.ArgumentParser(prog="labutils")
     add_subcommand(parser.add_subparsers(dest="command", required=True))
     cut = argv.index("--") if "--" in argv else len(argv)

@@ -287,7 +287,7 @@ def test_trace_overlap_counts_steps_whose_allreduce_starts_inside_backward(lesso
 def test_node_commands_parse_with_the_cli_and_differ_only_in_node_rank(lesson06):
     import shlex
 
-    from labutils.run.cli import build_parser
+    from labutils.cli import build_parser
 
     text = lesson06.node_commands("train.py", nnodes=2, nproc=4, endpoint="node0:29500",
                                   rdzv_id="job-1", log_dir="/shared/runs", ifname="eth0")

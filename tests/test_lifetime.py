@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from labutils import launch
-from labutils.notebook.display import Display
+from labutils.run.display import Display
 from labutils.runtime.procs import pid_alive
 
 # Every test here runs warm and cold (conftest.py: the `start` fixture).

@@ -18,12 +18,12 @@ import psutil
 import pytest
 
 from labutils.runtime import runfiles
-from labutils.run.cli import build_parser, launch_kwargs
+from labutils.cli import build_parser, launch_kwargs
 from labutils.run.spec import make_spec, torchrun_command
-from labutils.notebook.display import Display
+from labutils.run.display import Display
 from labutils.errors import LaunchConfigError
 from labutils.cluster import VirtualCluster, virtual_cluster
-from labutils.cluster.network import interface_env, route_interface
+from labutils.run.network import interface_env, route_interface
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -264,7 +264,7 @@ def test_cli_node_flags(job):
 def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "labutils.run.cli", "launch", "-n", "2",
+    done = subprocess.run([sys.executable, "-m", "labutils.cli", "launch", "-n", "2",
                            "--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint",
                            "127.0.0.1:29500", "--rdzv-id", "j", str(job)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)

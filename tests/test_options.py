@@ -10,7 +10,7 @@ import pytest
 import labutils
 from labutils.errors import LaunchConfigError, whole_number
 from labutils.notebook import magics
-from labutils.run.cli import build_parser, main
+from labutils.cli import build_parser, main
 from labutils.run.options import OPTIONS, launch_kwargs, node_words, split_script_args
 
 

@@ -107,7 +107,7 @@ def test_each_node_runs_torchrun_with_slurms_values(tmp_path):
 
 def test_a_node_command_gets_the_node_rank(tmp_path):
     def labutils_like(node: NodeValues) -> list:
-        return [node.python, "-m", "labutils.run.cli", "launch", "-n", str(node.nproc_per_node),
+        return [node.python, "-m", "labutils.cli", "launch", "-n", str(node.nproc_per_node),
                 "--nnodes", node.nnodes, "--node-rank", node.node_rank,
                 "--rdzv-endpoint", node.rdzv_endpoint, "--rdzv-id", node.rdzv_id,
                 "--log-dir", node.run_dir, node.script, "--", *node.args]

@@ -147,7 +147,7 @@ def test_ctrl_c_on_the_cli_cancels_the_job(slurm_cluster, job, tmp_path):
     layout = _layout(slurm_cluster)
     runs = tmp_path / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "labutils.run.cli", "launch", "-n", str(layout["nproc"]),
+        [sys.executable, "-m", "labutils.cli", "launch", "-n", str(layout["nproc"]),
          "--nnodes", str(layout["nnodes"]), "--scheduler", "slurm", "--time-limit", "00:05:00",
          "--log-dir", str(runs), "--json", str(tmp_path / "s.json"), str(job), "--", "slow"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -192,7 +192,7 @@ class TerminalSession:
         while not self._stop.is_set() and time.monotonic() < deadline:
             folder = self._waiting_folder()
             if folder is not None:
-                command = [sys.executable, "-m", "labutils.run.cli", "debug", str(folder),
+                command = [sys.executable, "-m", "labutils.cli", "debug", str(folder),
                            "--rank", str(self.rank)]
                 try:
                     done = subprocess.run(command, input="\n".join(self.commands) + "\n",

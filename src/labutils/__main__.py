@@ -1,5 +1,5 @@
 import sys
 
-from labutils.run.cli import main
+from labutils.cli import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """Module paths from before labutils had subpackages keep working.
 
 ``import labutils.viz``, ``from labutils.launcher import launch`` and
-``python -m labutils.cli`` are in learners' notebooks and scripts; each old path
+``python -m labutils.run.cli`` are in learners' notebooks and scripts; each old path
 names the very module object at its new place (one module, two names), so
 monkeypatching, isinstance and pickling see one thing.
 """
@@ -24,11 +24,12 @@ MOVED = {
     "labutils.result": "labutils.run.result",
     "labutils.diagnosis": "labutils.run.diagnosis",
     "labutils.streams": "labutils.run.streams",
-    "labutils.cli": "labutils.run.cli",
+    "labutils.run.cli": "labutils.cli",
     "labutils.display": "labutils.notebook.display",
     "labutils.widgets": "labutils.notebook.widgets",
     "labutils.magics": "labutils.notebook.magics",
-    "labutils.network": "labutils.cluster.network",
+    "labutils.network": "labutils.run.network",
+    "labutils.cluster.network": "labutils.run.network",
     "labutils.slurm": "labutils.cluster.slurm",
     "labutils.kubernetes": "labutils.cluster.kubernetes",
     "labutils.ddp_probes": "labutils.course.ddp_probes",

@@ -1,12 +1,12 @@
-"""Runs across hosts: interface choice (network), virtual hosts on one machine
+"""Runs across hosts: virtual hosts on one machine
 (virtual; the namespaces, cables and link caps under it in netns, link rates and
 their measurement in links), SLURM (slurm: the sbatch script in sbatch, the job in
 slurm_job) and Kubernetes (kubernetes: the manifest in pytorchjob, its input checks
 in pytorchjob_checks).
 
 ``from labutils.cluster import virtual_cluster`` is the lessons' entry point. The
-names below load on first use: the launcher imports labutils.cluster.network (a leaf)
-and the virtual cluster imports the launcher, so this package imports neither itself.
+names below load on first use: the virtual cluster imports the launcher, which this
+package does not import itself.
 """
 
 _HOME = {

@@ -44,9 +44,8 @@ from labutils.cluster.netns import (
 )
 from labutils.errors import LaunchConfigError, whole_number
 
-if TYPE_CHECKING:  # the run layer imports labutils.cluster.network; it is imported back only
-    # inside launch(), so the packages' imports form no cycle
-    from labutils.notebook.display import Display
+if TYPE_CHECKING:
+    from labutils.run.display import Display
     from labutils.run.result import RunResult
 
 MAX_HOSTS = 8  # a bridge takes more; the 2-core machines the course targets run out first
@@ -262,7 +261,7 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
     """
     from labutils.run.options import node_words  # the run layer, imported back only here
 
-    return [sys.executable, "-m", "labutils.run.cli", *node_words(
+    return [sys.executable, "-m", "labutils.cli", *node_words(
         script=str(Path(str(script)).resolve()), nproc=nproc, args=list(args), nnodes=hosts,
         node_rank=host, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=str(log_dir),
         **launch_kwargs)]

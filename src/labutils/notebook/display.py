@@ -1,11 +1,6 @@
-"""Showing a run while it goes: the Display interface and the plain-text display.
+"""Showing a run while it goes: the plain-text display.
 
-The launcher calls a Display from the thread that called launch(): start() once,
-lines() as complete lines arrive, record() with each labutils.dist.report(...),
-state() on state changes, tick() a few times a second, finish() with the RunResult.
-A display may set ``stop_requested`` (the widget display's Stop button does) and
-the launcher stops the run.
-
+The Display interface it implements is the engine's (labutils.run.display).
 Plain text is used wherever no widget frontend is there to render panes:
 papermill, nbval, ``jupyter nbconvert --execute``, a terminal (modes.py makes that
 choice; the widget display is in widgets.py). Each line is printed as
@@ -29,51 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO, cast
 
+from labutils.run.display import Display
 from labutils.run.result import RunResult
 from labutils.runtime.runfiles import relative_path, shorten_paths
 
-
-class Display:
-    """Base display: does nothing, which is also the "none" mode."""
-
-    def __init__(self) -> None:
-        self.stop_requested = threading.Event()
-
-    def start(self, *, world_size: int, log_dir: str, script: str) -> None:
-        """The run is about to start."""
-
-    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
-        """New complete lines of one rank's stream, in order."""
-
-    def record(self, rank: int, values: dict) -> None:
-        """A rank called labutils.dist.report(**values) (step and total drive progress bars)."""
-
-    def state(self, rank: int, state: str) -> None:
-        """A rank changed state (starting, running, done, failed, hung, killed)."""
-
-    def note(self, text: str) -> None:
-        """A message from the launcher (a restart, a hang being diagnosed...)."""
-
-    def tick(self) -> None:
-        """Called a few times a second: the moment to push coalesced updates."""
-
-    def debugger(self, rank: int, event: dict) -> None:
-        """A rank stopped at a breakpoint and waits for a debugger (event "state":
-        "waiting", with its "socket" and "where"), got one ("attached"), or went on
-        ("ended"). Nobody can type here (display="none"): the rank is told to continue."""
-        if event.get("state") == "waiting":
-            from labutils.runtime.debugger import Console, DebuggerGone
-
-            try:
-                console = Console(event["socket"])
-            except DebuggerGone:
-                return  # the rank has already gone: nothing to continue
-            console.send("continue")
-            console.closed.wait(10)  # the rank ends the session once it has continued
-            console.close()
-
-    def finish(self, result: RunResult) -> None:
-        """The run ended; every process is gone."""
+__all__ = ["Display", "TextDisplay"]  # Display: the interface, defined with the engine
 
 
 TRACEBACK_START = "Traceback (most recent call last):"

@@ -29,7 +29,6 @@ from IPython.display import display
 
 from labutils.errors import LaunchConfigError, real_number
 from labutils.notebook.console import PaneConsole
-from labutils.notebook.display import Display
 
 # LineWindow, Progress and the constants were defined here before panes.py; the old
 # path labutils.widgets still names them.
@@ -44,6 +43,7 @@ from labutils.notebook.panes import (  # noqa: F401
     elapsed,
 )
 from labutils.notebook.subshell import route_clicks_to_subshell
+from labutils.run.display import Display
 from labutils.run.result import RankResult, RunResult
 from labutils.runtime import runfiles
 from labutils.runtime.debugger import DebuggerGone

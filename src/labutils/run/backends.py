@@ -1,42 +1,49 @@
-"""Where a run's ranks are started: torchrun agents here, or a SLURM job's nodes.
+"""Where a run's ranks are started: the Backend interface, and torchrun agents here.
 
 A back end starts the run, says whether it is over, says whether a rank it runs is
 alive, and ends it; the follower (run/follow.py) does everything else the same way
-for both. LocalAgents starts one torchrun agent per simulated node under a keeper
-(runtime/agent.py); SlurmJob submits a batch job whose nodes each run `labutils
-launch` into the same run folder, and follows it from there.
+for all. LocalAgents starts one torchrun agent per simulated node under a keeper
+(runtime/agent.py). A scheduler's back end (launch(scheduler=...)) lives with the rest
+of that scheduler's code, above the engine, and is found by name in SCHEDULERS:
+SLURM's (labutils.cluster.slurm_backend) submits a batch job whose nodes each run
+`labutils launch` into the same run folder, and follows it from there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from labutils.run.attempts import RankState
-from labutils.run.nodes import LEASE_RENEW_S
-from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.run.warm import Keeper, WarmUnavailable, cold_reason, server_for
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
 
 if TYPE_CHECKING:
-    from labutils.cluster.slurm import SlurmJob as Submitted
-
     AgentProcess = subprocess.Popen | Keeper  # a cold agent's Popen, or a warm server's keeper
 
 # How long a stopped agent's keeper may take to end its tree (its own limits add up to
 # about 8 s: ranks 2 s, what is left 1 s, SIGKILL until gone) before it is killed.
 KEEPER_WAIT_S = 15.0
-SLURM_POLL_S = 0.5
-SLURM_RUNNING = (None, "RUNNING", "COMPLETING", "CONFIGURING")
-SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+# Back ends that run the ranks through a scheduler, by launch(scheduler=...) name:
+# "module:class", imported when a run asks for it. Such a class is made as
+# cls(spec, run_dir, options, nodes) (options: launch()'s scheduler options, nodes: the
+# run folder's protocol, run/nodes.py) and checks a request with cls.check_request.
+SCHEDULERS = {"slurm": "labutils.cluster.slurm_backend:SlurmBackend"}
+
+
+def scheduler_backend(name: str) -> Any:
+    """The back end class of a scheduler named in SCHEDULERS (made with the scheduler's
+    own arguments, so typed Any here)."""
+    module, _, attribute = SCHEDULERS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 @dataclass
@@ -62,6 +69,7 @@ class Backend:
     """
 
     shared: bool = False  # ranks run where this launcher cannot signal them
+    scheduled: bool = False  # a scheduler's job: finished() and failed() say how it goes
     start_kind: str = "cold"  # "warm" or "cold"
     start_reason: str | None = None  # why cold, or that a warm server was started
     command: list[str]
@@ -90,6 +98,28 @@ class Backend:
 
     def kill_agent(self, index: int, rank_pids: list[int], fault: dict) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot stop one agent of a run")
+
+    # Agents this launcher started (scheduled is False):
+    def any_alive(self) -> bool:
+        raise NotImplementedError
+
+    def host_alive(self) -> bool:
+        """Agent 0, the rendezvous host."""
+        raise NotImplementedError
+
+    def exit_codes(self) -> list[int | None]:
+        raise NotImplementedError
+
+    # A scheduler's job (scheduled is True):
+    @classmethod
+    def check_request(cls, spec: LaunchSpec, options: dict | None) -> None:
+        """Raise LaunchConfigError for what the scheduler cannot run, before anything starts."""
+
+    def finished(self, now: float, note) -> bool:
+        raise NotImplementedError
+
+    def failed(self) -> bool:
+        raise NotImplementedError
 
 
 class LocalAgents(Backend):
@@ -191,111 +221,3 @@ class LocalAgents(Backend):
             pids = [proc.pid, *tree(proc.pid), *pids]
         signal_all(pids, signal.SIGKILL)
         agent.stopped_by_fault = fault
-
-
-class SlurmJob(Backend):
-    """launch(..., scheduler="slurm"): the run as a SLURM batch job, followed from here.
-
-    The job's script (labutils.cluster.slurm.sbatch_script) runs one `labutils launch`
-    per node of the allocation, each one node of a multi-node job (node rank
-    $SLURM_NODEID, rendezvous at the first node) writing into this run folder; the
-    nodes must share it with this machine, as home and project folders are on SLURM
-    clusters. Stop, interrupt, timeout and hang end the job with stop.json and
-    scancel, waiting until it has left the queue.
-    """
-
-    shared = True  # the ranks run on the cluster's nodes
-    start_kind = "cold"
-    start_reason = "a SLURM job's nodes start cold"
-
-    def __init__(self, spec: LaunchSpec, run_dir: Path, options: dict | None, nodes) -> None:
-        self.spec = spec
-        self.run_dir = run_dir
-        self.options = dict(options or {})
-        self.nodes = nodes  # the run folder's protocol (run/nodes.py): the lease
-        self.agents: list[Agent] = []
-        self.job: Submitted | None = None
-        self.state: str | None = None
-        self.command: list[str] = []
-        self.commands: list[list[str]] = []
-        self._state_at = 0.0
-        self._lease_at = 0.0
-        self._exit_code: int | None = None
-
-    def node_command(self, node) -> list[str]:
-        """One node's `labutils launch` (node's fields are the batch script's shell values)."""
-        spec = self.spec
-        # This launcher reads the stacks of a hung job (hang_timeout None on the nodes);
-        # the nodes only stop when it says so (stop.json) or at the timeout.
-        return [node.python, "-m", "labutils.run.cli", *node_words(
-            script=node.script, nproc=spec.nproc, nnodes=node.nnodes, node_rank=node.node_rank,
-            rdzv_endpoint=node.rdzv_endpoint, rdzv_id=self.run_dir.name,
-            log_dir=str(self.run_dir.parent), backend=spec.backend, hang_timeout=None,
-            max_restarts=spec.max_restarts, timeout=spec.timeout, fault=spec.fault,
-            warm=False, args=node.args)]
-
-    def batch_script(self) -> str:
-        from labutils.cluster.slurm import sbatch_script
-        from labutils.runtime.procs import free_port
-
-        opts = {"time_limit": "00:30:00", **self.options}
-        return sbatch_script(
-            str(self.spec.script), nnodes=self.spec.local_agents, nproc_per_node=self.spec.nproc,
-            args=self.spec.args, job_name=opts.pop("job_name", self.spec.script.stem),
-            output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=free_port(),
-            python=sys.executable, node_command=self.node_command, **opts)
-
-    def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
-        from labutils.cluster.slurm import SlurmJob as Submitted
-
-        text = self.batch_script()
-        (self.run_dir / "job.sbatch").write_text(text)
-        self.tick(time.monotonic())
-        self.job = Submitted.submit(text, self.run_dir)
-        self.command = ["sbatch", str(self.run_dir / "job.sbatch")]
-        note(f"SLURM job {self.job.job_id} submitted: {self.spec.local_agents} "
-             f"node(s) x {self.spec.nproc} rank(s); batch script job.sbatch, "
-             f"SLURM's output slurm-{self.job.job_id}.out in the run folder")
-
-    def tick(self, now: float) -> None:
-        """Renew the lease that keeps the job's nodes going (see run/nodes.py)."""
-        if now - self._lease_at >= LEASE_RENEW_S:
-            self._lease_at = now
-            self.nodes.renew_lease()
-
-    def finished(self, now: float, note) -> bool:
-        if self.job is None:
-            return True
-        if now - self._state_at >= SLURM_POLL_S:
-            self._state_at = now
-            state = self.job.state()
-            if state != self.state:
-                self.state = state
-                note(f"SLURM job {self.job.job_id}: {state}")
-        from labutils.cluster.slurm import ACTIVE_STATES
-
-        return self.state not in ACTIVE_STATES
-
-    def rank_alive(self, r: RankState) -> bool:
-        return r.exit_code is None and not self.nodes.done(r.node) and self.state in SLURM_RUNNING
-
-    def stop(self, ranks: list[int], reason: str, note) -> None:
-        if self.job is not None and reason != "ok" and self.state not in SLURM_ENDED:
-            note(f"cancelling SLURM job {self.job.job_id} (scancel)")
-            self.state = self.job.cancel(wait=True)
-
-    @property
-    def exit_code(self) -> int | None:
-        """The job's exit code (sacct), asked once the job has left the queue."""
-        if self._exit_code is None and self.job is not None:
-            self._exit_code = self.job.exit_code()
-        return self._exit_code
-
-    def failed(self) -> bool:
-        """The job ended some other way than COMPLETED with exit code 0."""
-        return self.job is not None and (self.state != "COMPLETED"
-                                         or self.exit_code not in (0, None))
-
-    def logs(self, *, faulted: bool = True) -> list[Path]:
-        return []
-

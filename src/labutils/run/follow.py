@@ -16,13 +16,14 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from labutils.notebook.display import Display
 from labutils.run import outcome
 from labutils.run.attempts import AttemptFold, RankState
-from labutils.run.backends import Backend, LocalAgents, SlurmJob
+from labutils.run.backends import Backend, LocalAgents, scheduler_backend
 from labutils.run.diagnosis import Hang, analyse_hang
+from labutils.run.display import Display
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
 from labutils.run.spec import LaunchSpec, RunRequest
@@ -51,7 +52,17 @@ class Run:
     """One run: start it through its back end, follow it, end it, build the RunResult."""
 
     def __init__(self, spec: LaunchSpec, run_dir: Path, display: Display, *,
-                 scheduler: str | None = None, slurm: dict | None = None) -> None:
+                 scheduler: str | None = None, slurm: dict | None = None,
+                 backend: Callable[[LaunchSpec, Path], Backend] | None = None) -> None:
+        """Args:
+            spec: the checked inputs (run.spec.make_spec).
+            run_dir: the run folder, created and empty.
+            display: where lines, states and the result go.
+            scheduler: None (torchrun agents on this machine) or "slurm".
+            slurm: the SLURM job's options (scheduler="slurm").
+            backend: makes the back end from the spec and the run folder instead
+                (the tests' replay of recorded runs).
+        """
         self.spec = spec
         self.run_dir = run_dir
         self.display = display
@@ -64,8 +75,10 @@ class Run:
         self.events = [EventTail(run_dir, r) for r in range(spec.world_size)]
         self.endings = EndingsTail(run_dir)
         self.backend: Backend
-        if scheduler == "slurm":
-            self.backend = SlurmJob(spec, run_dir, slurm, self.nodes)
+        if backend is not None:
+            self.backend = backend(spec, run_dir)
+        elif scheduler is not None:
+            self.backend = scheduler_backend(scheduler)(spec, run_dir, slurm, self.nodes)
         else:
             self.backend = LocalAgents(spec, run_dir, self.token, port=free_port(),
                                        run_id=uuid.uuid4().hex[:12])
@@ -142,7 +155,7 @@ class Run:
         on the network interface chosen (jobs across machines)."""
         spec, env, net_note = self.spec, {}, None
         if spec.multinode:
-            from labutils.cluster.network import interface_env
+            from labutils.run.network import interface_env
 
             chosen, net_note = interface_env(spec.rdzv_endpoint or "", {**os.environ, **spec.env})
             env.update(chosen)
@@ -186,7 +199,7 @@ class Run:
                 self.reason = "timeout"
                 return
             silent = now - self.last_activity
-            first = isinstance(self.backend, SlurmJob) or \
+            first = self.backend.scheduled or \
                 self.nodes.first_to_diagnose(self.fold.remote_nodes)
             if spec.hang_timeout is not None and self._hung() and (
                     silent >= spec.hang_timeout * (1 if first else 2)):
@@ -202,9 +215,8 @@ class Run:
 
     def _ending(self) -> str:
         backend = self.backend
-        if isinstance(backend, SlurmJob):
+        if backend.scheduled:
             return "failed" if backend.failed() else "ok"
-        assert isinstance(backend, LocalAgents)
         finished = self._finished_at is not None  # the rest wait in the exit barrier
         codes = backend.exit_codes()
         return "ok" if all(c == 0 or (c is None and finished) for c in codes) else "failed"
@@ -216,9 +228,8 @@ class Run:
         is gone); in a job across machines, also every other node seen in the run folder
         is done (or AGENT_GRACE_S passed since this node's agent exited)."""
         backend = self.backend
-        if isinstance(backend, SlurmJob):
+        if backend.scheduled:
             return backend.finished(now, self.display.note)
-        assert isinstance(backend, LocalAgents)
         remote = self.fold.remote_nodes
         if not backend.any_alive():
             if self.token and self._host_gone_at is None:
@@ -257,7 +268,7 @@ class Run:
 
     def alive(self, r: RankState) -> bool:
         """Whether a rank of the current run is still running."""
-        if not r.local and not isinstance(self.backend, SlurmJob):
+        if not r.local and not self.backend.scheduled:
             # another machine's rank: alive until it exits or its node is done
             return r.exit_code is None and not self.nodes.done(r.node)
         return self.backend.rank_alive(r)
@@ -281,7 +292,7 @@ class Run:
         if self.shared:
             self.nodes.tell_others_to_stop(self.reason)
         ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
-            if not isinstance(self.backend, SlurmJob) else []
+            if not self.backend.scheduled else []
         self.backend.stop(ranks, self.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)

@@ -19,11 +19,11 @@ import os
 from typing import cast
 
 from labutils.errors import LaunchConfigError
-from labutils.notebook.display import Display
-from labutils.notebook.modes import make_display
+from labutils.run.backends import SCHEDULERS, scheduler_backend
+from labutils.run.display import Display, make_display
 from labutils.run.follow import Run, last_result
 from labutils.run.result import RunResult
-from labutils.run.spec import LaunchSpec, make_spec, new_run_dir, public_fault
+from labutils.run.spec import make_spec, new_run_dir
 
 __all__ = ["launch", "prepare", "last_result"]
 
@@ -120,7 +120,6 @@ def launch(
                    rdzv_id=rdzv_id, scheduler=scheduler, slurm=slurm, warm=warm).run()
 
 
-SCHEDULERS = (None, "slurm")
 
 
 def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=None,
@@ -129,17 +128,17 @@ def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=N
     on the first bad one), the display made, the run folder created. ``.request`` says
     what will start (each agent's command, the variables set, the run folder: print it);
     ``.run()`` starts it."""
-    if scheduler not in SCHEDULERS:
+    if scheduler is not None and scheduler not in SCHEDULERS:
         raise LaunchConfigError("scheduler", expected="None (this machine) or 'slurm'",
                                 given=scheduler, fix='pass scheduler="slurm" or leave it out')
     if scheduler is None and slurm is not None:
         raise LaunchConfigError("slurm", expected='scheduler="slurm" with it', given=slurm,
                                 fix='pass scheduler="slurm", slurm={"partition": ...}')
     spec = make_spec(script, nproc, **kwargs)
-    if scheduler == "slurm":
-        _check_slurm_request(spec, slurm)
+    if scheduler is not None:
+        scheduler_backend(scheduler).check_request(spec, slurm)
     if spec.multinode:
-        from labutils.cluster.network import check_endpoint_host
+        from labutils.run.network import check_endpoint_host
 
         check_endpoint_host(cast(str, spec.rdzv_endpoint))  # set for a multi-node job
     if not isinstance(display, Display):
@@ -148,27 +147,3 @@ def prepare(script, nproc: int = 2, *, log_dir=None, display="auto", scheduler=N
     return Run(spec, run_dir, display, scheduler=scheduler, slurm=slurm)
 
 
-_SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "job_name")
-
-
-def _check_slurm_request(spec: LaunchSpec, slurm) -> None:
-    """What scheduler="slurm" cannot take, and whether the cluster answers: one line each."""
-    from labutils.cluster.slurm import check_cluster, sbatch_script
-
-    if spec.multinode or spec.min_nodes != spec.max_nodes:
-        raise LaunchConfigError(
-            "scheduler", expected='a fixed nnodes=N and no node_rank/rdzv_endpoint/rdzv_id: '
-            'SLURM says where the nodes meet', given=f"nnodes={spec.nnodes}",
-            fix='pass e.g. launch("train.py", nproc=2, nnodes=2, scheduler="slurm")')
-    if len(spec.faults) > 1 or any("agent" in f for f in spec.faults):
-        raise LaunchConfigError("fault", expected='one {"rank": R, "step": S} fault with SLURM',
-                                given=[public_fault(f) for f in spec.faults],
-                                fix="inject one rank fault, or run the scenario locally")
-    if slurm is not None and (not isinstance(slurm, dict) or set(slurm) - set(_SLURM_OPTIONS)):
-        raise LaunchConfigError("slurm", expected=f"a dict with keys among {', '.join(_SLURM_OPTIONS)}",
-                                given=slurm, fix='pass e.g. slurm={"partition": "debug", '
-                                '"time_limit": "00:10:00"}')
-    opts = {"time_limit": "00:30:00", **(slurm or {})}
-    sbatch_script(str(spec.script), nnodes=spec.local_agents, nproc_per_node=spec.nproc,
-                  args=spec.args, **opts)  # the sbatch settings' own checks, before submitting
-    check_cluster()

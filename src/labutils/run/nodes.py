@@ -6,7 +6,8 @@ own ranks; with the others it talks through files in the run folder:
 
 - done-<node>: this node's ranks are gone (the others need not wait for them);
 - stop.json {"by", "reason"}: end the job on every node (stop, timeout, hang);
-- stack-request.json {"by", "ranks"}: the node that runs these ranks sends them SIGUSR1;
+- stack-request.json {"by", "ranks"}: these ranks dump their stacks (each rank's progress
+  watcher polls the file, runtime/worker.py: no launcher can signal another machine's);
 - lease: renewed every second by a launcher that follows a job it submitted (SLURM);
   the nodes end the job when it goes stale (that launcher, or its kernel, was killed).
 """

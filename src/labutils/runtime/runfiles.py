@@ -104,7 +104,8 @@ def agent_logs(run_dir: str | os.PathLike) -> list[Path]:
 # Files through which the launchers of a multi-node job, one per machine, work together
 # in a shared run folder (they cannot signal each other's processes):
 def stack_request_path(run_dir: str | os.PathLike) -> Path:
-    """JSON {"seq": N, "ranks": [...]}: those ranks dump their stacks (hang reports)."""
+    """JSON {"by": node token, "ranks": [...]}: those ranks dump their stacks (hang
+    reports across machines); every rank's progress watcher polls it."""
     return Path(run_dir) / "stack-request.json"
 
 

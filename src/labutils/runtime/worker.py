@@ -17,7 +17,11 @@ the script's first line runs, the bootstrap
 - runs the script as ``__main__`` and turns an uncaught exception into an
   ``exception`` event (type, message, file:line, traceback without these
   bootstrap frames), printing the same traceback to stderr as Python would;
-- ends the process without the interpreter's teardown (see finish()).
+- writes an ``exit`` event (its code, and for sys.exit() the line) when the script
+  ends itself, and ends the process without the interpreter's teardown (finish());
+  a forked rank of a warm run leaves its process at once too (finish_forked()).
+How a rank ended that could write nothing (a signal, os._exit()) its agent records
+(runtime/agent.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ def _launch_parser(sub) -> None:
         "launch", help="run a script on N ranks with torchrun",
         description="Run SCRIPT on N ranks; print '[rank N] line' as lines arrive and a "
         "summary at the end. Exit status: 0 ok, 1 a rank failed, 2 usage error, "
-        "3 hang detected, 4 timeout, 130 interrupted.",
+        "3 hang detected, 4 timeout, 130 interrupted (Ctrl-C), 143 SIGTERM, 129 SIGHUP.",
         epilog="Arguments for the script go after --: labutils launch -n 4 train.py -- --epochs 2",
     )
     add_launch_arguments(p)

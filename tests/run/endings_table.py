@@ -1,0 +1,103 @@
+"""The endings table: how a rank of tests/scripts/endings.py ends, and what the launcher
+must say about it. Shared by the real runs (test_endings.py, warm and cold) and the
+replays of recorded runs through a fake back end (test_replay.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "endings.py"
+SOURCE = SCRIPT.read_text().splitlines()
+
+# how -> what the summary must say of the failing rank: kind, exc_type, its exit code,
+# whether the summary names its line (the tagged one), and a phrase of its message.
+ENDINGS = {
+    "exception": ("exception", "ValueError", 1, True, "the batch is empty"),
+    "sys_exit": ("exit", "SystemExit", 3, True, "exit code 3"),
+    "os_exit": ("exit", "exit", 3, False, "exit code 3 without a Python exception"),
+    "abort": ("signal", "SIGABRT", -6, True, "killed by SIGABRT"),
+    "segfault": ("signal", "SIGSEGV", -11, True, "killed by SIGSEGV"),
+    "sigkill": ("signal", "SIGKILL", -9, False, "killed by SIGKILL"),
+    "thread_error": ("exit", "SystemExit", 1, True, "raised RuntimeError: the loader thread failed"),
+    "size_mismatch": ("signal", "SIGABRT", -6, True, "Received data size doesn't match"),
+    "return_early": ("early_exit", "exit 0", 0, True, "while rank"),
+    "init_error": ("exception", "AssertionError", 1, True, "Unknown backend type"),
+    "syntax_error": ("exception", "SyntaxError", 1, True, "was never closed"),
+    "dataloader_worker_killed": ("exception", "RuntimeError", 1, True, "DataLoader worker"),
+    "breakpoint_peer": ("exception", "ValueError", 1, True, "the batch is empty"),
+    "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
+    "stuck": ("hang", None, None, True, None),
+}
+# endings whose line is another ending's: breakpoint_peer's failing rank raises as
+# "exception" does, while its peers wait at breakpoint()
+LINE_OF = {"breakpoint_peer": "exception"}
+
+
+def tagged_line(how: str) -> int:
+    """The line of endings.py tagged `# ending: HOW`."""
+    return next(i for i, text in enumerate(SOURCE, 1) if text.endswith(f"# ending: {how}"))
+
+
+_VOLATILE = (re.compile(r"\[[\d.]+\]:\d+"), re.compile(r"pid \d+"), re.compile(r"\d+ms"),
+             # torch's DataLoader says "is killed by signal: Killed." or "(pid(s) N) exited
+             # unexpectedly", whichever of its two checks sees the dead worker first
+             re.compile(r"(?<=DataLoader worker ).*"))
+
+
+def verdict(summary: dict) -> dict:
+    """What a summary says, without times, pids, ports and paths; the victims' own
+    exit codes are left out (torchrun's SIGTERM or their own lost-peer error, 1,
+    whichever comes first), only that they did not end well."""
+    failure, hang = summary["failure"], summary["hang"]
+    out = {"ok": summary["ok"], "reason": summary["reason"], "failure": None, "hang": None}
+    if failure:
+        message = failure["message"]
+        for pattern in _VOLATILE:
+            message = pattern.sub("#", message)
+        mismatch = failure["kind"] == "mismatch"  # its rank: whichever timed out first
+        out["failure"] = {
+            "rank": None if mismatch else failure["rank"],
+            "kind": failure["kind"], "exc_type": failure["exc_type"], "message": message,
+            "where": f"{Path(failure['file']).name}:{failure['line']}"
+            if failure["file"] and not mismatch else None,
+            "victims": failure["victims"],
+            "also_failed": sorted(failure["also_failed"] + ([failure["rank"]] if mismatch else [])),
+            "exit_code": None if mismatch else failure["exit_code"],
+            "mismatch": {r: {**m, "where": m["where"].rsplit("/", 1)[-1]}
+                         for r, m in failure["mismatch"].items()},
+        }
+    if hang:
+        out["hang"] = {"stragglers": hang["stragglers"], "calls": hang["calls"],
+                       "waiting": {r: w.rsplit("/", 1)[-1] for r, w in hang["waiting"].items()}}
+    out["ended_badly"] = sorted(r["rank"] for r in summary["ranks"] if r["exit_code"] != 0)
+    return out
+
+
+def check_verdict(summary: dict, how: str, nproc: int, failing: int) -> None:
+    """The summary gives the right verdict for ending HOW of rank `failing` of `nproc`."""
+    kind, exc_type, code, has_line, phrase = ENDINGS[how]
+    got = verdict(summary)
+    others = [r for r in range(nproc) if r != failing]
+    assert got["reason"] == ("hang" if how == "stuck" else "failed"), got
+    if how == "stuck":
+        assert got["failure"] is None
+        assert got["hang"]["stragglers"] == [failing], got
+        assert set(got["hang"]["calls"].values()) == {"barrier", ""}, got
+        assert got["hang"]["waiting"][str(failing)] == f"endings.py:{tagged_line(how)}", got
+        return
+    f = got["failure"]
+    if how == "timeout_mismatch":
+        assert (f["kind"], f["victims"], f["also_failed"]) == ("mismatch", [], list(range(nproc)))
+        barrier = next(i for i, t in enumerate(SOURCE, 1) if t == "dist.barrier()")
+        calls = {int(r): (m["collective"], m["where"]) for r, m in f["mismatch"].items()}
+        assert calls == {r: ("all_reduce", f"endings.py:{tagged_line(how)}") if r == failing
+                         else ("barrier", f"endings.py:{barrier}") for r in range(nproc)}, got
+        return
+    assert (f["rank"], f["kind"], f["exc_type"], f["exit_code"]) == \
+        (failing, kind, exc_type, code), got
+    assert f["where"] == (f"endings.py:{tagged_line(LINE_OF.get(how, how))}" if has_line
+                          else None), got
+    assert phrase in f["message"], got
+    assert (f["victims"], f["also_failed"]) == (others, []), got
+    assert got["ended_badly"] == [r for r in range(nproc) if r != failing or code != 0], got

@@ -1,0 +1,55 @@
+"""The follow loop and the ending without torchrun: recorded runs of the endings table
+(tests/data/runs, made by tests/run/replay.py) replayed through a fake back end must
+give the verdict the endings table requires, as the real runs do (test_endings.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from endings_table import SCRIPT, check_verdict, verdict
+from replay import RECORDINGS, ReplayAgents
+
+from labutils.run.display import Display
+from labutils.run.follow import Run
+from labutils.run.spec import make_spec, new_run_dir
+
+RECORDED = sorted(p for p in RECORDINGS.iterdir() if (p / "recording.json").exists())
+
+
+def replay(recording, tmp_path) -> dict:
+    meta = json.loads((recording / "recording.json").read_text())
+    spec = make_spec(SCRIPT, meta["nproc"], args=[meta["how"], str(meta["failing"])])
+    backends: list[ReplayAgents] = []
+
+    def backend(spec, run_dir):
+        backends.append(ReplayAgents(spec, run_dir, recording))
+        return backends[0]
+
+    run = Run(spec, new_run_dir(spec.script, tmp_path), Display(), backend=backend)
+    summary = run.run().to_json()
+    assert backends[0].stopped == [([], summary["reason"])]  # no recorded pid signalled
+    return summary
+
+
+def test_every_ending_has_a_recording_warm_and_cold():
+    names = {p.name for p in RECORDED}
+    from endings_table import ENDINGS
+
+    assert names == {f"{how}-{start}" for how in ENDINGS if how != "stuck"
+                     for start in ("warm", "cold")}
+
+
+@pytest.mark.parametrize("recording", RECORDED, ids=[p.name for p in RECORDED])
+def test_a_replayed_run_gets_the_verdict_of_its_ending(recording, tmp_path):
+    meta = json.loads((recording / "recording.json").read_text())
+    summary = replay(recording, tmp_path)
+    assert summary["start"] == meta["start"]
+    check_verdict(summary, meta["how"], meta["nproc"], meta["failing"])
+
+
+@pytest.mark.parametrize("how", sorted({p.name.rsplit("-", 1)[0] for p in RECORDED}))
+def test_a_replayed_warm_run_and_cold_run_get_the_same_verdict(how, tmp_path):
+    warm = replay(RECORDINGS / f"{how}-warm", tmp_path)
+    cold = replay(RECORDINGS / f"{how}-cold", tmp_path)
+    assert verdict(warm) == verdict(cold)
