@@ -182,6 +182,7 @@ def test_the_code_uses_the_new_module_paths():
     assert not offenders, offenders
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the next test checks it
 @pytest.mark.parametrize("old", sorted(compat.MOVED))
 def test_every_old_module_path_is_the_moved_module(old):
     assert importlib.import_module(old) is importlib.import_module(compat.MOVED[old])
@@ -197,3 +198,18 @@ def test_comments_cite_files_in_the_repository():
     cited = {m for p in SRC.rglob("*.py") for m in re.findall(r"docs/[\w./-]+\.md", p.read_text())}
     missing = sorted(m for m in cited if not (ROOT / m).is_file())
     assert not missing, f"cited but not in the repository: {missing}"
+
+
+def test_an_old_path_warns_once_with_its_new_path_and_the_release_that_drops_it():
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('always'); import labutils; "
+            "import labutils.viz; import labutils.viz; from labutils.launcher import launch")
+    stderr = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stderr
+    warned = [line for line in stderr.splitlines() if "DeprecationWarning" in line]
+    assert len(warned) == 2, stderr  # labutils.viz once, labutils.launcher once
+    assert f"labutils.viz is labutils.course.viz now; the old path goes in labutils " \
+        f"{compat.REMOVED_IN}" in warned[0]
+    assert not any(name.split(".")[1].startswith("_") for name in compat.MOVED)  # public only

@@ -3,7 +3,9 @@
 ``import labutils.viz``, ``from labutils.launcher import launch`` and
 ``python -m labutils.run.cli`` are in learners' notebooks and scripts; each old path
 names the very module object at its new place (one module, two names), so
-monkeypatching, isinstance and pickling see one thing.
+monkeypatching, isinstance and pickling see one thing. The first import of an old
+path in a process warns (DeprecationWarning) with its new path and the release that
+drops it (REMOVED_IN). Only public modules keep an old path.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+import warnings
+
+REMOVED_IN = "0.2.0"  # the labutils release without these old paths
 
 # old path -> where the module lives now
 MOVED = {
     "labutils.runfiles": "labutils.runtime.runfiles",
-    "labutils._proc": "labutils.runtime.procs",
-    "labutils._agent": "labutils.runtime.agent",
     "labutils.worker": "labutils.runtime.worker",
     "labutils.launcher": "labutils.run.launcher",
     "labutils.config": "labutils.run.spec",
@@ -55,6 +58,8 @@ class _Alias:
         self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
 
     def create_module(self, spec):
+        warnings.warn(f"{spec.name} is {MOVED[spec.name]} now; the old path goes in labutils "
+                      f"{REMOVED_IN}", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(MOVED[spec.name])
         self._specs[module.__name__] = module.__spec__
         return module
