@@ -32,3 +32,33 @@ def test_exit_keeps_threads_atexit_handlers_unclosed_files_and_exit_codes(runs_d
         assert (tmp_path / "out.txt.atexit").read_text() == "atexit ran"
         assert (tmp_path / "out.txt.thread").read_text() == "thread finished"
         assert result.ranks[0].stderr == ""
+
+
+def test_a_handler_the_script_left_cannot_raise_into_the_report(tmp_path):
+    """torch's DataLoader raises from SIGCHLD when a worker died, often after its own
+    check already raised: once the script is over its handlers are off, and the
+    script's own exception is the one reported."""
+    import signal
+    import time
+
+    from labutils.runtime.worker import run_script
+
+    script = tmp_path / "late_handler.py"
+    script.write_text(
+        "import signal, subprocess\n"
+        "def late(signum, frame):\n"
+        "    raise RuntimeError('a handler raised after the script ended')\n"
+        "signal.signal(signal.SIGCHLD, late)\n"
+        "signal.signal(signal.SIGUSR2, late)\n"
+        "subprocess.Popen(['sleep', '0.3'])  # its SIGCHLD comes after the script\n"
+        "raise ValueError('the script failed')\n")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGCHLD, signal.SIGUSR2)}
+    try:
+        raised = run_script(str(script))
+        assert isinstance(raised, ValueError) and str(raised) == "the script failed"
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+        time.sleep(0.6)  # the child's SIGCHLD arrives: nothing raises here
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

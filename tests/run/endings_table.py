@@ -24,11 +24,16 @@ ENDINGS = {
     "return_early": ("early_exit", "exit 0", 0, True, "while rank"),
     "init_error": ("exception", "AssertionError", 1, True, "Unknown backend type"),
     "syntax_error": ("exception", "SyntaxError", 1, True, "was never closed"),
-    "dataloader_worker_killed": ("exception", "RuntimeError", 1, True, "DataLoader worker"),
+    "dataloader_worker_killed": ("exception", "RuntimeError", 1, True, ""),
     "breakpoint_peer": ("exception", "ValueError", 1, True, "the batch is empty"),
     "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "stuck": ("hang", None, None, True, None),
 }
+# What torch itself words differently from run to run, for the same ending: a DataLoader
+# whose worker was killed raises "DataLoader worker (pid N) is killed by signal: Killed."
+# from its SIGCHLD handler, "DataLoader worker (pid(s) N) exited unexpectedly" from its
+# status check, or ConnectionResetError from the worker's pipe, whichever comes first.
+VARIES = {"dataloader_worker_killed": {"exc_type": {"RuntimeError", "ConnectionResetError"}}}
 # endings whose line is another ending's: breakpoint_peer's failing rank raises as
 # "exception" does, while its peers wait at breakpoint()
 LINE_OF = {"breakpoint_peer": "exception"}
@@ -39,16 +44,14 @@ def tagged_line(how: str) -> int:
     return next(i for i, text in enumerate(SOURCE, 1) if text.endswith(f"# ending: {how}"))
 
 
-_VOLATILE = (re.compile(r"\[[\d.]+\]:\d+"), re.compile(r"pid \d+"), re.compile(r"\d+ms"),
-             # torch's DataLoader says "is killed by signal: Killed." or "(pid(s) N) exited
-             # unexpectedly", whichever of its two checks sees the dead worker first
-             re.compile(r"(?<=DataLoader worker ).*"))
+_VOLATILE = (re.compile(r"\[[\d.]+\]:\d+"), re.compile(r"pid \d+"), re.compile(r"\d+ms"))
 
 
-def verdict(summary: dict) -> dict:
+def verdict(summary: dict, how: str = "") -> dict:
     """What a summary says, without times, pids, ports and paths; the victims' own
     exit codes are left out (torchrun's SIGTERM or their own lost-peer error, 1,
-    whichever comes first), only that they did not end well."""
+    whichever comes first), only that they did not end well; and for ending `how`,
+    what torch words differently from run to run (VARIES: exc_type and message)."""
     failure, hang = summary["failure"], summary["hang"]
     out = {"ok": summary["ok"], "reason": summary["reason"], "failure": None, "hang": None}
     if failure:
@@ -67,6 +70,8 @@ def verdict(summary: dict) -> dict:
             "mismatch": {r: {**m, "where": m["where"].rsplit("/", 1)[-1]}
                          for r, m in failure["mismatch"].items()},
         }
+        if how in VARIES:
+            out["failure"].update(exc_type="varies", message="varies")
     if hang:
         out["hang"] = {"stragglers": hang["stragglers"], "calls": hang["calls"],
                        "waiting": {r: w.rsplit("/", 1)[-1] for r, w in hang["waiting"].items()}}
@@ -87,6 +92,9 @@ def check_verdict(summary: dict, how: str, nproc: int, failing: int) -> None:
         assert got["hang"]["waiting"][str(failing)] == f"endings.py:{tagged_line(how)}", got
         return
     f = got["failure"]
+    if how in VARIES:
+        assert summary["failure"]["exc_type"] in VARIES[how]["exc_type"], summary["failure"]
+        f = {**f, "exc_type": exc_type}
     if how == "timeout_mismatch":
         assert (f["kind"], f["victims"], f["also_failed"]) == ("mismatch", [], list(range(nproc)))
         barrier = next(i for i, t in enumerate(SOURCE, 1) if t == "dist.barrier()")

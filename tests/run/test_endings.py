@@ -60,5 +60,6 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
     monkeypatch.delenv("LABUTILS_START", raising=False)
     warm = run_ending(how, nproc, failing, tmp_path, warm=True)
     cold = run_ending(how, nproc, failing, tmp_path, warm=False)
-    assert verdict(warm) == verdict(cold), f"warm and cold differ:\n{verdict(warm)}\n{verdict(cold)}"
+    assert verdict(warm, how) == verdict(cold, how), \
+        f"warm and cold differ:\n{verdict(warm, how)}\n{verdict(cold, how)}"
     check_verdict(warm, how, nproc, failing)

@@ -52,4 +52,4 @@ def test_a_replayed_run_gets_the_verdict_of_its_ending(recording, tmp_path):
 def test_a_replayed_warm_run_and_cold_run_get_the_same_verdict(how, tmp_path):
     warm = replay(RECORDINGS / f"{how}-warm", tmp_path)
     cold = replay(RECORDINGS / f"{how}-cold", tmp_path)
-    assert verdict(warm) == verdict(cold)
+    assert verdict(warm, how) == verdict(cold, how)

@@ -19,13 +19,15 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labutils.run.states import LIVE, RankStatus
+
 
 @dataclass
 class RankState:
     """What is known about one rank (global rank number) while the run goes."""
 
     rank: int
-    state: str = "starting"  # starting | running | debugging | done | failed | killed | hung
+    state: RankStatus = RankStatus.STARTING
     pid: int | None = None
     main_tid: int | None = None
     attempt: int = -1        # the attempt this rank last started in
@@ -83,6 +85,9 @@ class AttemptFold:
         self.old_rounds: set[str] = set()
         self.records: list[dict] = []
         self.remote_nodes: set[str] = set()
+        # The launcher is ending the run (stop, timeout, hang, interrupt): whatever code
+        # a rank then ends with, the launcher's stop ended it.
+        self.stopping = False
         self._close = close or (lambda attempt, next_world_size: None)
 
     def members(self, default_size: int) -> list[RankState]:
@@ -90,7 +95,7 @@ class AttemptFold:
         size = self.current.world_size if self.current else default_size
         return self.ranks[:size]
 
-    def set_state(self, r: RankState, state: str) -> list[Change]:
+    def set_state(self, r: RankState, state: RankStatus) -> list[Change]:
         if r.state == state:
             return []
         r.state = state
@@ -109,19 +114,19 @@ class AttemptFold:
             return [("fault", ev)]
         if kind == "exception":
             r.exceptions[r.attempt] = ev
-            return self.set_state(r, "failed")
+            return self.set_state(r, RankStatus.FAILED)
         if kind == "debugger":
             if ev.get("state") == "waiting":
                 r.debugger = ev
             elif ev.get("state") == "ended":
                 r.debugger = None
             return [("debugger", r.rank, ev)] + self.set_state(
-                r, "debugging" if r.debugger else "running")
+                r, RankStatus.DEBUGGING if r.debugger else RankStatus.RUNNING)
         if kind == "exit":
             r.debugger = None
             r.exit_code = int(ev.get("code", 0))
             r.exit_event, r.ended_t = ev, ev.get("t")
-            return self.set_state(r, "done" if r.exit_code == 0 else "failed")
+            return self.set_state(r, RankStatus.DONE if r.exit_code == 0 else RankStatus.FAILED)
         return []
 
     def reaped(self, record: dict) -> list[Change]:
@@ -136,12 +141,15 @@ class AttemptFold:
             r.ended_t = record.get("t")
         r.debugger = None
         r.exit_code = code
-        if r.state not in ("starting", "running", "debugging"):
+        if r.state not in LIVE:
             return []  # its exit or exception event, or the hang report, said it
         if code == 0:
-            return self.set_state(r, "done")
+            return self.set_state(r, RankStatus.DONE)
+        if self.stopping:
+            return self.set_state(r, RankStatus.KILLED)
         # SIGTERM: torchrun ended it because a peer failed, or the launcher stopped the run
-        return self.set_state(r, "killed" if code == -signal.SIGTERM else "failed")
+        return self.set_state(r, RankStatus.KILLED if code == -signal.SIGTERM
+                              else RankStatus.FAILED)
 
     def _start(self, r: RankState, ev: dict) -> list[Change]:
         restart = int(ev.get("restart", 0))
@@ -174,7 +182,7 @@ class AttemptFold:
         r.attempt, r.pid, r.main_tid, r.exit_code = self.index, ev.get("pid"), ev.get("main_tid"), None
         r.host, r.ended_t, r.exit_event = ev.get("host") or "", None, None
         r.agent = agent
-        return changes + self.set_state(r, "running")
+        return changes + self.set_state(r, RankStatus.RUNNING)
 
     def _open(self, key: str, ev: dict) -> None:
         self.current = Attempt(index=self.index, round=key, world_size=int(ev.get("world_size", 1)),

@@ -27,6 +27,7 @@ from labutils.run.display import Display
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
 from labutils.run.spec import LaunchSpec, RunRequest
+from labutils.run.states import Ending, RankStatus
 from labutils.run.streams import EndingsTail, EventTail, RankOutput
 from labutils.runtime import runfiles
 from labutils.runtime.procs import free_port, pid_alive
@@ -86,7 +87,7 @@ class Run:
         self.shared = spec.multinode or self.backend.shared
         self.attempts: list[dict] = []
         self.fired: dict[int, int] = {}  # attempt -> index in spec.faults of an agent fault
-        self.reason = "ok"
+        self.reason: Ending = Ending.OK
         self.hang: Hang | None = None
         self.notes: list[str] = []  # lines for the display once the run starts
         env, self._net_note = self._environment()
@@ -125,7 +126,7 @@ class Run:
                 self._follow()
             except KeyboardInterrupt:
                 interrupted = True
-                self.reason = "interrupted"
+                self.reason = Ending.INTERRUPTED
             finally:
                 while True:  # a second Ctrl-C must not leave processes behind
                     try:
@@ -133,7 +134,7 @@ class Run:
                         break
                     except KeyboardInterrupt:
                         interrupted = True
-                        self.reason = "interrupted"
+                        self.reason = Ending.INTERRUPTED
         global _last_result
         result = _last_result = outcome.final_result(self)
         result.write_json(runfiles.node_summary_path(self.run_dir, self.token) if self.token
@@ -185,18 +186,18 @@ class Run:
                 return
             if self.display.stop_requested.is_set():
                 self.display.note("stop requested: stopping every rank")
-                self.reason = "stopped"
+                self.reason = Ending.STOPPED
                 return
             if spec.multinode and self.nodes.stopped_elsewhere():
-                self.reason = "stopped"
+                self.reason = Ending.STOPPED
                 return
             if self.shared and self.nodes.failed_elsewhere(self.fold.remote_nodes,
                                                            self._failed_ranks_of):
-                self.reason = "failed"
+                self.reason = Ending.FAILED
                 return
             if spec.timeout is not None and now - self.t0 >= spec.timeout:
                 self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
-                self.reason = "timeout"
+                self.reason = Ending.TIMEOUT
                 return
             silent = now - self.last_activity
             first = self.backend.scheduled or \
@@ -204,7 +205,7 @@ class Run:
             if spec.hang_timeout is not None and self._hung() and (
                     silent >= spec.hang_timeout * (1 if first else 2)):
                 self._diagnose_hang(silent)
-                self.reason = "hang"
+                self.reason = Ending.HANG
                 return
             if now - last_tick >= TICK_S:
                 self.display.tick()
@@ -213,13 +214,14 @@ class Run:
                 last_tick = now
             time.sleep(POLL_S)
 
-    def _ending(self) -> str:
+    def _ending(self) -> Ending:
         backend = self.backend
         if backend.scheduled:
-            return "failed" if backend.failed() else "ok"
+            return Ending.FAILED if backend.failed() else Ending.OK
         finished = self._finished_at is not None  # the rest wait in the exit barrier
         codes = backend.exit_codes()
-        return "ok" if all(c == 0 or (c is None and finished) for c in codes) else "failed"
+        return Ending.OK if all(c == 0 or (c is None and finished) for c in codes) \
+            else Ending.FAILED
 
     def _finished(self, now: float) -> bool:
         """The back end is done. Locally: every agent has exited, or agent 0 (the
@@ -289,6 +291,7 @@ class Run:
             "same launch on every machine, each with its own node rank)")
 
     def _shutdown(self) -> None:
+        self.fold.stopping = self.reason not in (Ending.OK, Ending.FAILED)
         if self.shared:
             self.nodes.tell_others_to_stop(self.reason)
         ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
@@ -337,7 +340,7 @@ class Run:
             self.last_activity = time.monotonic()  # silence counts from the session's end
             self.display.debugger(change[1], change[2])
 
-    def set_state(self, r: RankState, state: str) -> None:
+    def set_state(self, r: RankState, state: RankStatus) -> None:
         """Change a rank's state and show it."""
         for change in self.fold.set_state(r, state):
             self._show(change)
@@ -357,7 +360,7 @@ class Run:
                                                          and self.alive(self.ranks[g])], fault)
                 for rank in gone:
                     self.ranks[rank].exit_code = -signal.SIGKILL
-                    self.set_state(self.ranks[rank], "killed")
+                    self.set_state(self.ranks[rank], RankStatus.KILLED)
                 self.display.note(f"agent {fault['agent']} stopped at step {fault['step']} "
                                   f"(injected fault): rank(s) {ranks_text(gone)} gone, as if "
                                   "their machine died")
@@ -382,7 +385,7 @@ class Run:
         self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
                                  exited=exited, silent_s=silent)
         for r in alive:
-            self.set_state(r, "hung")
+            self.set_state(r, RankStatus.HUNG)
 
 
 

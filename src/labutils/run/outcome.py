@@ -25,6 +25,7 @@ from labutils.run.diagnosis import Failure, find_failure
 from labutils.run.nodes import ranks_text
 from labutils.run.result import RankResult, RunResult, attempt_line
 from labutils.run.spec import public_fault
+from labutils.run.states import LIVE, Ending, RankStatus
 from labutils.runtime import runfiles
 from labutils.runtime.procs import ownership_mode
 
@@ -211,8 +212,8 @@ def final_result(run) -> RunResult:
         if r.rank in agent_codes and agent_codes[r.rank] != r.exit_code:
             if r.exit_code == 0:
                 finished.add(r.rank)
-                run.set_state(r, "killed" if agent_codes[r.rank] == -signal.SIGTERM
-                              else "failed")
+                run.set_state(r, RankStatus.KILLED if agent_codes[r.rank] == -signal.SIGTERM
+                              else RankStatus.FAILED)
             r.exit_code = agent_codes[r.rank]
     seen = worker_exit_codes(logs)  # a warm run's torchrun lists only the first failure
     for r in members:
@@ -221,22 +222,23 @@ def final_result(run) -> RunResult:
     for r in members:  # its script ended, then its process died (the agent reaped it so)
         if r.exit_event and r.exit_event.get("code") == 0 and r.exit_code not in (0, None):
             finished.add(r.rank)
-            run.set_state(r, "killed" if r.exit_code == -signal.SIGTERM else "failed")
+            run.set_state(r, RankStatus.KILLED if r.exit_code == -signal.SIGTERM
+                          else RankStatus.FAILED)
     failure = None
-    if run.reason == "failed":
+    if run.reason == Ending.FAILED:
         failure = failure_of(run, run.fold.index, {r.rank: r.exit_code for r in members},
                              finished)
         if failure is None:
             failure = agent_failure(agent_text or "\n".join(
                 p.read_text(errors="replace") for p in run.backend.logs()))
     for r in run.ranks:
-        if r.state in ("starting", "running"):
-            if run.reason == "failed" and failure and r.rank == failure.rank:
-                run.set_state(r, "failed")
-            elif run.reason == "ok" and r.exit_code == 0:
-                run.set_state(r, "done")
+        if r.state in LIVE:  # a rank at a breakpoint at the end too
+            if run.reason == Ending.FAILED and failure and r.rank == failure.rank:
+                run.set_state(r, RankStatus.FAILED)
+            elif run.reason == Ending.OK and r.exit_code == 0:
+                run.set_state(r, RankStatus.DONE)
             else:
-                run.set_state(r, "killed")
+                run.set_state(r, RankStatus.KILLED)
     entry = attempt_entry(run.fold.index, failure, {r.rank: r.exit_code for r in members},
                           final=run.reason)
     describe(run, entry, run.fold.current, run.spec.faults[run.fired[run.fold.index]]
@@ -253,7 +255,7 @@ def final_result(run) -> RunResult:
                         victim=r.rank in victims)
              for r in shown]
     return RunResult(
-        ok=run.reason == "ok",
+        ok=run.reason == Ending.OK,
         world_size=run.fold.current.world_size if run.fold.current else run.spec.world_size,
         duration_s=time.monotonic() - run.t0, log_dir=run.run_dir, ranks=ranks,
         records=run.fold.records, failure=failure, hang=run.hang, attempts=run.attempts,

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import cast
 
 from labutils.run.diagnosis import Failure, Hang, signal_name
+from labutils.run.states import RankStatus
 from labutils.runtime import runfiles
-
-STATES = ("starting", "running", "done", "failed", "hung", "killed")
 
 # Exit statuses of `labutils launch` (docs/architecture.md, "Contracts").
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HANG, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -23,7 +22,7 @@ class RankResult:
     """One rank: its state, exit code and output (the full text is read from disk)."""
 
     rank: int
-    state: str = "starting"
+    state: str = RankStatus.STARTING
     exit_code: int | None = None
     pid: int | None = None
     log_dir: Path | None = None

@@ -206,25 +206,60 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code, where = 0, {}
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc)
-        info = describe_exception(exc, script)  # where the script ended itself
+    raised = run_script(script)
+    if isinstance(raised, SystemExit):
+        code = _exit_code(raised)
+        info = describe_exception(raised, script)  # where the script ended itself
         where = {k: info[k] for k in ("file", "line", "source")}
-    except BaseException as exc:  # noqa: BLE001 - report every way the script can die
-        info = describe_exception(exc, script)
+    elif raised is not None:  # report every way the script can die
+        info = describe_exception(raised, script)
         if writer is not None:
             writer.write({"kind": "exception", "t": time.time(), "restart": restart, **info})
         sys.stderr.write(info["traceback"])
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if writer is not None:
-            writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart,
-                          **where})
+        code = 130 if isinstance(raised, KeyboardInterrupt) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if writer is not None:
+        writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart,
+                      **where})
     return code
+
+
+def run_script(script: str) -> BaseException | None:
+    """Run the script as __main__; the exception it ended with (SystemExit included),
+    or None.
+
+    A signal handler the script installed can still raise once the script is over:
+    torch's DataLoader raises from SIGCHLD when one of its workers has died, as often
+    after its own check already raised for the same worker. Raised into this
+    bootstrap while it reports, it would end the rank with no exception event and a
+    half-written report. So the script's handlers are taken off before anything else
+    runs, and an exception they raise meanwhile counts only when the script raised
+    none itself.
+    """
+    raised: BaseException | None = None
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except BaseException as exc:  # noqa: BLE001 - every way the script can end
+        raised = exc
+    while True:
+        try:
+            _script_handlers_off()
+            return raised
+        except BaseException as late:  # noqa: BLE001 - a handler that fired meanwhile
+            raised = raised or late
+
+
+def _script_handlers_off() -> None:
+    """Every Python signal handler back to what a fresh interpreter has."""
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                          else signal.SIG_DFL)
 
 
 def _wind_down() -> None:
