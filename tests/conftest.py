@@ -15,7 +15,6 @@ import json
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 # Every process this test session starts inherits this token, so the leak check
@@ -141,6 +140,9 @@ def write_script(tmp_path):
 PYTHON = sys.executable
 
 
+from helpers import REPO, this_python_kernel  # noqa: E402,F401 - fixtures below use them
+
+
 def pytest_collection_modifyitems(config, items):
     """The lessons' notebooks measure (overlap, bandwidth, time per step) and say whether
     a prediction held: they run in `make test`'s serial pass, on a quiet machine, with the
@@ -152,26 +154,10 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False,
-                     help="run the lifetime tests' every ending 20 times (tests/test_lifetime.py)")
+                     help="run the lifetime tests' every ending 20 times (tests/run/test_lifetime.py)")
     parser.addoption("--endings-all", action="store_true", default=False,
                      help="run every ending of tests/run/test_endings.py with 2 and 4 ranks, "
                           "the failing rank first and last")
-
-
-def this_python_kernel(tmp_path, name: str):
-    """A KernelManager for an ipykernel on this Python, through a kernelspec in tmp_path
-    (not started; the caller starts it, or hands it to nbclient)."""
-    from jupyter_client import KernelManager
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    spec_dir = tmp_path / "kernels" / name
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": name, "language": "python",
-    }))
-    return KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
-                         kernel_name=name)
 
 
 @pytest.fixture
@@ -191,27 +177,3 @@ def kernel(request, tmp_path, runs_dir):
         km.shutdown_kernel(now=True)
 
 
-def iopub_until(kc, found, *, timeout: float):
-    """Read iopub messages until found(msg) is true; return that message."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception:  # queue.Empty
-            continue
-        if found(msg):
-            return msg
-    raise AssertionError(f"nothing matched on iopub within {timeout} s")
-
-
-def execute_reply(kc, msg_id: str, *, timeout: float) -> dict:
-    """The shell reply to one execute request."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception:  # queue.Empty
-            continue
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
-    raise AssertionError(f"no reply within {timeout} s")

@@ -1,5 +1,5 @@
 """Reports what a rank sees of its own process, for comparing a warm start with a cold
-one (tests/test_warm.py): each value must be the same whichever way the rank started."""
+one (tests/run/test_warm.py): each value must be the same whichever way the rank started."""
 import logging
 import multiprocessing
 import os

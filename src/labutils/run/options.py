@@ -10,7 +10,7 @@ command-line flags that set it. From the table come:
   for the commands that run one node of a job elsewhere (a virtual host, a pod, a
   SLURM node).
 
-A new option is one row here and one parameter of launch(); tests/test_options.py
+A new option is one row here and one parameter of launch(); tests/run/test_options.py
 checks that the table's names and defaults are launch()'s own.
 """
 

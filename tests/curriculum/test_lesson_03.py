@@ -1,0 +1,190 @@
+"""Lesson 03's notebook helpers (lessons/03_bucketing_and_overlap/lesson03.py): the two
+predictions of a step, the check built on them, the bucket rule with
+DDP_SET_LAST_BUCKET_CAP, table units and the PowerSGD race report. Pure functions on
+hand-made records; the notebook itself runs the scripts (nbval)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers import LESSONS
+
+from labutils.course import lesson
+from labutils.course.timing import AlphaBeta
+
+LESSON = LESSONS / "03_bucketing_and_overlap"
+L = lesson.load(LESSON, "lesson03")
+
+MiB = 2**20
+
+
+def sweep_records(steps: dict[float, float], *, alone: dict[float, list[float]]) -> list[dict]:
+    """sweep.py's records for one model: forward 10 ms, backward 40 ms, optimizer 2 ms."""
+    records = [{"part": "compute", "model": "m", "batch": 8, "forward_s": 0.010,
+                "backward_s": 0.040, "optimizer_s": 0.002, "param_bytes": 4 * MiB}]
+    for cap, seconds in steps.items():
+        records.append({"part": "sweep", "model": "m", "cap_mb": cap, "seconds": seconds,
+                        "bucket_sizes": [MiB] * len(alone[cap]), "alone_s": alone[cap]})
+    return records
+
+
+# --------------------------------------------------------------------- the two predictions
+
+def test_bounds_when_backward_is_the_longer_side():
+    # 3 buckets of 10 ms: backward (40) + the last bucket (10) > all buckets (30)
+    (row,) = L.sweep_bounds(sweep_records({1: 0.070}, alone={1: [0.010, 0.010, 0.010]}))
+    assert row["perfect_s"] == pytest.approx(0.010 + 0.002 + 0.040 + 0.010)
+    assert row["none_s"] == pytest.approx(0.052 + 0.030)
+    assert row["buckets"] == 3 and row["comm_s"] == pytest.approx(0.030)
+
+
+def test_bounds_when_the_link_is_the_longer_side():
+    # 2 buckets of 45 ms: back to back (90) > backward (40) + the last bucket (45)
+    (row,) = L.sweep_bounds(sweep_records({1: 0.120}, alone={1: [0.045, 0.045]}))
+    assert row["perfect_s"] == pytest.approx(0.012 + 0.090)
+    assert row["none_s"] == pytest.approx(0.052 + 0.090)
+
+
+def test_one_bucket_makes_both_predictions_equal():
+    (row,) = L.sweep_bounds(sweep_records({16: 0.1}, alone={16: [0.030]}))
+    assert row["perfect_s"] == pytest.approx(row["none_s"])
+
+
+@pytest.mark.parametrize(
+    ("step_at_cap_1", "verdict"),
+    [(0.070, "True"),    # between 0.062 and 0.082
+     (0.061, "False"),   # below perfect overlap: something is wrong with the parts
+     (0.083, "False")],  # above no overlap
+)
+def test_check_compares_every_cap_with_two_or_more_buckets(step_at_cap_1, verdict):
+    records = sweep_records({1: step_at_cap_1, 16: 0.5},  # one bucket: not checked
+                            alone={1: [0.010] * 3, 16: [0.030]})
+    assert L.sweep_check(records, model="m") == (
+        f"m, caps 1 MiB (2+ buckets): step time between the two predictions: {verdict}")
+
+
+def test_check_without_any_cap_of_several_buckets_is_false():
+    records = sweep_records({16: 0.08}, alone={16: [0.030]})
+    assert L.sweep_check(records, model="m").endswith(": False")
+
+
+def test_sweep_table_has_one_unit_per_column():
+    records = sweep_records({2**-12: 0.2, 1: 0.07}, alone={2**-12: [0.001] * 40, 1: [0.010] * 3})
+    table = L.sweep_table(records, AlphaBeta(alpha_s=200e-6, beta_Bps=50e6))
+    header, _, *rows = table.splitlines()
+    assert "(ms)" in header and "(MiB)" in header
+    assert "µs" not in table and " s " not in table
+    assert rows[0].split()[1] == "1/4096" and rows[0].split()[3] == "8.0"  # 40 x 0.2 ms
+    assert rows[1].split()[-1] == f"{(0.082 - 0.07) / 0.03:.0%}"  # hidden share
+
+
+def test_series_for_the_plot():
+    records = sweep_records({1: 0.07, 4: 0.08}, alone={1: [0.010] * 3, 4: [0.030]})
+    measured, perfect, none, floor = L.sweep_series(records)
+    assert measured == {"m": ([1, 4], [0.07, 0.08])}
+    assert perfect["m"][1] == pytest.approx([0.062, 0.082]) and none["m"][1] == pytest.approx([0.082, 0.082])
+    assert floor == {"m": pytest.approx(0.052)}
+
+
+# --------------------------------------------------------------------- buckets
+
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [(["fc5.bias", "fc5.weight", "fc4.bias", "fc4.weight"], "fc5, fc4"),
+     (["fc1.bias", "fc2.weight", "fc2.bias"], "fc1.bias, fc2"),
+     (["fc1.weight"], "fc1.weight")],
+)
+def test_members_names_partial_layers(params, text):
+    assert L.members(params) == text
+
+
+def buckets_record(cap: str, rebuilt: list[list[str]]) -> dict:
+    ready = ["fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight"]
+    sizes = {"fc3.bias": 40, "fc3.weight": 2 * MiB, "fc2.bias": 4096, "fc2.weight": 4 * MiB,
+             "fc1.bias": 4096, "fc1.weight": MiB}
+    return {"part": "buckets", "cap": cap, "calls": [],
+            "logging": {"ready_order": ready, "param_bytes": sizes, "bucket_cap_bytes": 25 * MiB,
+                        "rebuilt_params": rebuilt}}
+
+
+def test_predictions_with_the_small_cap_first_or_last():
+    first = buckets_record("default", [["fc3.bias", "fc3.weight"],
+                                       ["fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight"]])
+    # DDP_SET_LAST_BUCKET_CAP=1: walked from the end, fc1.weight (1 MiB) closes a bucket
+    last = buckets_record("default+last", [["fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"],
+                                           ["fc1.weight"]])
+    lines = L.bucket_predictions([first, last]).splitlines()
+    assert lines[0].endswith("predicted fc3 | fc2, fc1  -> matches DDP")
+    assert lines[1].endswith("predicted fc1.bias, fc2, fc3 | fc1.weight  -> matches DDP")
+    wrong = buckets_record("default+last", first["logging"]["rebuilt_params"])
+    assert L.bucket_predictions([wrong]).endswith("DIFFERS from DDP")
+
+
+def test_bucket_table_shows_iterations_0_and_1_and_says_whether_2_repeats():
+    call = {"index": 0, "nbytes": 11 * MiB, "params": ["fc1.weight", "fc1.bias"]}
+    rec = {"part": "buckets", "cap": "25", "calls": [{**call, "iteration": it} for it in range(3)]}
+    table = L.bucket_table([rec])
+    assert table.count("25 MiB") == 2 and "11.0" in table
+    assert table.endswith("under every setting: True")
+    rec["calls"][2] = {**call, "iteration": 2, "index": 1}
+    assert L.bucket_table([rec]).endswith(": False")
+
+
+# --------------------------------------------------------------------- PowerSGD race
+
+def race_run(tmp_path: Path, *, stdout: dict[int, str], hang: bool, stderr: str = ""):
+    ranks = [SimpleNamespace(rank=r, stdout=out, stderr=stderr) for r, out in stdout.items()]
+    hang_info = SimpleNamespace(calls={r: "backward" for r in stdout}) if hang else None
+    failure = None if hang else SimpleNamespace(rank=1, exc_type="SIGABRT")
+    return SimpleNamespace(ranks=ranks, hang=hang_info, failure=failure, log_dir=tmp_path,
+                           reason="hang" if hang else "failed")
+
+
+def test_race_report_of_a_hang_names_the_blocked_callbacks(tmp_path):
+    out = ("all_reduce of  1546 floats from thread MainThread\n"
+           "all_reduce of  3092 floats from thread Dummy-1\n"
+           "all_reduce of  2048 floats from thread Dummy-2\n")
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}").mkdir()
+        (tmp_path / f"rank{rank}" / "stacks.txt").write_text(
+            'Thread 0x1 (most recent call first):\n'
+            '  File "/x/torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py", line 589 '
+            'in unpack_uncompressed_tensors_and_allreduce_ps\n\n'
+            'Thread 0x2 (most recent call first):\n'
+            '  File "/x/powerSGD_hook.py", line 611 in compute_qs\n\n'
+            'Current thread 0x3 (most recent call first):\n'
+            '  File "/x/comm_hooks.py", line 104 in train\n')
+    report = L.race_report(race_run(tmp_path, stdout={0: out, 1: out}, hang=True))
+    assert "rank 0: 1546 3092* 2048*" in report
+    assert "the first 3 calls match in size on every rank" in report
+    assert "main threads wait in backward()" in report
+    assert ("rank 1: 2 thread(s) blocked inside PowerSGD's callbacks: "
+            "unpack_uncompressed_tensors_and_allreduce_ps (line 589), compute_qs (line 611)") in report
+
+
+def test_race_report_of_a_mismatch_quotes_gloo_without_build_paths(tmp_path):
+    stderr = ("  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+              "pair.cc:456] op.preamble.length <= op.nbytes. 3092 vs 1024. Received data size "
+              "doesn't match expected size.\n")
+    report = L.race_report(race_run(tmp_path, hang=False, stderr=stderr, stdout={
+        0: "all_reduce of  3092 floats from thread Dummy-1\n",
+        1: "all_reduce of  1024 floats from thread MainThread\n"}))
+    assert "call 1: rank 0 sends 3092 floats, rank 1 sends 1024 floats: a mismatch" in report
+    assert "outcome: rank 1 died (SIGABRT)" in report
+    assert "gloo said: op.preamble.length <= op.nbytes. 3092 vs 1024." in report
+    assert "/__w/" not in report
+
+
+# --------------------------------------------------------------------- other tables
+
+def test_hooks_table_has_one_unit_per_column():
+    recs = [{"part": "hooks", "hook": "allreduce", "bucket_cap_mb": 4, "bytes_per_step": [11 * MiB] * 2,
+             "grad_rel_error": 0.0, "weights_max_diff": 0.0, "seconds": 0.0987},
+            {"part": "hooks", "hook": "PowerSGD", "bucket_cap_mb": 64, "bytes_per_step": [11 * MiB, 73848],
+             "grad_rel_error": 0.5, "weights_max_diff": 2e-4, "seconds": 1.17}]
+    table = L.hooks_table(recs)
+    assert "KiB" not in table and "µs" not in table and " s " not in table
+    row = table.splitlines()[3].split()
+    assert row[2:5] == ["11.000", "0.070", "156x"] and row[-1] == "1170"

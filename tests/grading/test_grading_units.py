@@ -1,0 +1,316 @@
+"""The grader's pure parts: scoring, locked cells, reports, names, lab loading. No runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from helpers import REPO
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from labutils.cli import main as cli
+from labutils.run.diagnosis import Failure, Hang
+from labutils.grading import report
+from labutils.grading.batch import GradingError, grade, load_lab, submission_names
+from labutils.grading.checks import Checker, CheckResult, Part, Run, check, collect_checks, run_check
+from labutils.grading.execute import first_error
+from labutils.grading.notebook import cell_label, read_notebook, restore_locked_cells
+from labutils.run.result import RankResult, RunResult
+
+LABS = sorted(p.name for p in (REPO / "labs").iterdir() if (p / "lab.json").is_file())
+
+
+# ------------------------------------------------------------------------ scoring
+
+@pytest.mark.parametrize(
+    ("parts", "error", "score", "passed"),
+    [
+        ([True, True], "", 4.0, True),
+        ([True, False], "", 2.0, False),
+        ([False, False], "", 0.0, False),
+        ([True, True, False], "", 2.67, False),
+        ([], "", 0.0, False),                      # nothing measured is not a pass
+        ([True, True], "KeyError: 'x'", 0.0, False),  # a crashed check scores nothing
+    ],
+)
+def test_partial_credit(parts, error, score, passed):
+    result = CheckResult(name="c", points=4, parts=[Part(f"p{i}", ok) for i, ok in enumerate(parts)],
+                         error=error)
+    assert (result.score, result.passed) == (score, passed)
+    assert CheckResult.from_json(result.to_json()).score == score
+
+
+def test_weights_share_the_points():
+    result = CheckResult(name="c", points=3, parts=[Part("big", True, weight=2), Part("small", False)])
+    assert result.score == 2.0
+
+
+def test_feedback_says_measured_and_expected():
+    part = Part("3 ranks", False, measured="12 predictions", expected="11")
+    assert part.line() == "[FAIL] 3 ranks\n       measured: 12 predictions\n       expected: 11"
+    assert "expected" not in Part("2 ranks", True, measured="11", expected="11").line()
+
+
+@pytest.mark.parametrize("points", [0, -1, "3", True, None])
+def test_check_needs_positive_points(points):
+    with pytest.raises(ValueError, match="points must be a number > 0"):
+        check("x", points=points)
+
+
+def test_checks_keep_their_order_and_a_crash_costs_only_that_check(tmp_path):
+    import types
+
+    module = types.ModuleType("fake_checks")
+    source = (
+        "from labutils.grading import check\n"
+        "@check('second in file', points=1)\n"
+        "def b(c):\n    c.expect(True, 'fine')\n"
+        "@check('third in file', points=2)\n"
+        "def a(c):\n    raise KeyError('rank 3')\n"
+    )
+    path = tmp_path / "fake_checks.py"
+    path.write_text(source)
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    fns = collect_checks(module)
+    assert [fn.__labutils_check__.name for fn in fns] == ["second in file", "third in file"]
+    checker = Checker(tmp_path, tmp_path, tmp_path / "scratch")
+    results = [run_check(fn, checker) for fn in fns]
+    assert [r.score for r in results] == [1.0, 0.0]
+    assert results[1].error == "KeyError: 'rank 3'"
+    assert "the check stopped: KeyError" in results[1].output()
+
+
+# ---------------------------------------------------------------- run problems
+
+def _result(reason, *, failure=None, hang=None, attempts=1):
+    return RunResult(ok=reason == "ok", world_size=2, duration_s=12.0, log_dir=Path("."),
+                     ranks=[RankResult(rank=0), RankResult(rank=1)], failure=failure, hang=hang,
+                     reason=reason, attempts=[{}] * attempts)
+
+
+def test_run_problem_names_the_learners_line(tmp_path):
+    learner = tmp_path / "work"
+    learner.mkdir()
+    tb = (f'Traceback (most recent call last):\n  File "/somewhere/labutils/grading/probe.py", line 9, '
+          f'in main\n  File "{learner}/train.py", line 57, in <module>\n    loss.backward()\n'
+          'RuntimeError: Expected to have finished reduction')
+    failure = Failure(rank=1, exc_type="RuntimeError", message="Expected to have finished reduction",
+                      file="/somewhere/probe.py", line=9, traceback=tb)
+    run = Run(label="x", result=_result("failed", failure=failure), learner_dir=learner)
+    assert run.problem == ("failed: rank 1 raised RuntimeError: Expected to have finished "
+                           "reduction (at train.py:57)")
+    stack = f'Current thread 0x00007f (most recent call first):\n  File "{learner}/ring.py", line 24 in ring_all_reduce\n'
+    hang = Hang(stacks={0: stack, 1: stack}, waiting={0: "probe.py:3", 1: "probe.py:3"},
+                stragglers=[], calls={0: "send", 1: "send"}, silent_s=10.2)
+    run = Run(label="x", result=_result("hang", hang=hang), learner_dir=learner)
+    assert run.problem == ("hung: no rank made progress for 10 s; rank 0 waits at ring.py:24 in "
+                           "send(); rank 1 waits at ring.py:24 in send()")
+    assert Run(label="x", result=_result("timeout"), learner_dir=learner).problem == "timed out after 12 s"
+    assert Run(label="x", error="syntax error in train.py:3", learner_dir=learner).problem == \
+        "could not start: syntax error in train.py:3"
+
+
+def test_completed_records_why_not(tmp_path):
+    checker = Checker(tmp_path, tmp_path, tmp_path)
+    ok_twice = Run(label="x", result=_result("ok", attempts=2), learner_dir=tmp_path)
+    assert checker.completed(ok_twice, "killed run", restarts=1)
+    assert not checker.completed(ok_twice, "plain run")
+    assert checker.parts[-1].measured == "finished after 1 restart(s)"
+
+
+# ----------------------------------------------------------------- notebooks
+
+def _nb(*cells):
+    nb = new_notebook()
+    nb.cells = list(cells)
+    return nb
+
+
+def _cell(cid, source, tags=(), kind="code"):
+    cell = (new_code_cell if kind == "code" else new_markdown_cell)(source)
+    cell["id"] = cid
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+LAB_NB = _nb(_cell("intro", "# Lab", kind="md"), _cell("parameters", "n = 2", ["parameters"]),
+             _cell("run", "r = launch()", ["locked"]), _cell("mine", "# yours"),
+             _cell("check", "run_checks()", ["locked", "nbval-skip"]))
+
+
+@pytest.mark.parametrize(
+    ("cells", "order", "notes"),
+    [
+        ([c for c in LAB_NB.cells], ["intro", "parameters", "run", "mine", "check"], []),
+        # the learner's own cells stay where they put them
+        ([LAB_NB.cells[1], _cell("new", "x = 3"), LAB_NB.cells[2], LAB_NB.cells[4]],
+         ["parameters", "new", "run", "check"], []),
+        # an edit is undone and reported; trailing blanks are no edit
+        ([LAB_NB.cells[1], _cell("run", "r = launch()   \n\n"), _cell("check", "print('all fine')")],
+         ["parameters", "run", "check"], ["locked cell 'check' was edited"]),
+        # removed cells come back where the lab has them
+        ([LAB_NB.cells[0], LAB_NB.cells[3]], ["intro", "parameters", "run", "mine", "check"],
+         ["'parameters' was removed", "'run' was removed", "'check' was removed"]),
+        # a duplicated locked cell runs once
+        ([LAB_NB.cells[1], LAB_NB.cells[2], LAB_NB.cells[2], LAB_NB.cells[4]],
+         ["parameters", "run", "check"], ["'run' appeared twice"]),
+    ],
+)
+def test_locked_cells_are_restored(cells, order, notes):
+    nb, found = restore_locked_cells(_nb(*cells), LAB_NB)
+    assert [c["id"] for c in nb.cells] == order
+    assert len(found) == len(notes) and all(n in f for n, f in zip(notes, found))
+    by_id = {c["id"]: c for c in nb.cells}
+    for lab_cell in LAB_NB.cells:
+        if lab_cell["id"] in ("parameters", "run", "check"):
+            assert by_id[lab_cell["id"]].source == lab_cell.source
+            assert by_id[lab_cell["id"]].metadata.get("tags") == lab_cell.metadata["tags"]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "not valid JSON (Expecting property name"),
+        ('{"cells": 3}', "JSON but not a notebook"),
+        ("[1, 2]", "JSON but not a notebook"),
+        ('{"cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {}, "extra": 1}',
+         "does not follow the notebook format"),
+    ],
+)
+def test_broken_notebooks_are_described(tmp_path, content, problem):
+    path = tmp_path / "nb.ipynb"
+    path.write_text(content)
+    read = read_notebook(path)
+    assert read.nb is None and problem in read.problem
+    assert read_notebook(tmp_path / "missing.ipynb").problem.startswith("the notebook could not be read")
+
+
+def test_first_error_respects_raises_exception():
+    error = {"output_type": "error", "ename": "AssertionError", "evalue": "", "traceback": []}
+    allowed = _cell("symptom", "assert False", ["raises-exception"])
+    allowed["outputs"] = [error]
+    bad = _cell("scratch", "1/0")
+    bad["outputs"] = [dict(error, ename="ZeroDivisionError")]
+    assert first_error(_nb(_cell("a", "x = 1"), allowed)) is None
+    assert first_error(_nb(allowed, _cell("b", "y"), bad)) == 2
+    assert cell_label(_nb(allowed, bad), 1) == "cell 2 (id scratch): 1/0"
+
+
+# -------------------------------------------------------------------- reports
+
+def _graded(**extra):
+    tests = [{"name": "notebook", "score": 1.0, "max_score": 1.0, "status": "passed", "output": ""},
+             {"name": "<b>checks</b>", "score": 2.5, "max_score": 4.0, "status": "failed",
+              "output": "[FAIL] 3 ranks <script>"},
+             {"name": "integrity", "score": 0.0, "max_score": 0.0, "status": "passed", "output": ""}]
+    return {"name": "alice", "lab": "01_x", "lab_title": "Lab 01", "pass_mark": 0.6, "passed": True,
+            "tests": tests, "duration_s": 12.3, **extra}
+
+
+def test_results_json_is_gradescope_format():
+    data = report.gradescope_results(_graded())
+    assert (data["score"], data["max_score"], data["execution_time"]) == (3.5, 5.0, 12.3)
+    assert set(data["tests"][0]) >= {"name", "score", "max_score", "status", "output"}
+    assert data["extra_data"]["passed"] is True
+    json.dumps(data)
+
+
+def test_feedback_page_escapes_what_the_learner_controls():
+    page = report.feedback_page(_graded(grader_error="", integrity=["x"]))
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;checks" in page
+
+
+def test_hidden_results_keep_their_visibility_and_stay_off_the_feedback_page():
+    result = _graded()
+    result["tests"].insert(2, {"name": "secret: 5 ranks", "score": 0.0, "max_score": 3.0,
+                               "status": "failed", "output": "[FAIL] measured: 7",
+                               "visibility": "after_published", "hidden": True})
+    data = report.gradescope_results(result)
+    assert [t["visibility"] for t in data["tests"]] == [
+        "visible", "visible", "after_published", "visible"]
+    assert data["max_score"] == 8.0    # Gradescope adds every test, shown or not
+    page = report.feedback_page(result)
+    assert "secret" not in page and "measured: 7" not in page
+    assert "3.5 / 5 on the checks shown here; 1 more check worth 3 points is graded too" in page
+    assert "shown when the grades are published" in page
+    with pytest.raises(ValueError, match="visibility must be one of"):
+        check("x", points=1, visibility="later")
+
+
+def test_grades_csv_lists_failing_checks():
+    rows = list(csv.DictReader(io.StringIO(report.grades_csv([_graded(), _graded(name="bob", passed=False)]))))
+    assert [r["submission"] for r in rows] == ["alice", "bob"]
+    assert rows[0]["score"] == "3.5" and rows[0]["percent"] == "70.0" and rows[1]["passed"] == "no"
+    assert rows[0]["problems"] == "<b>checks</b>"
+
+
+def test_write_atomic_leaves_no_temporary_file(tmp_path):
+    report.write_atomic(tmp_path / "a" / "results.json", "{}")
+    report.write_atomic(tmp_path / "a" / "results.json", "[1]")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["results.json"]
+    assert (tmp_path / "a" / "results.json").read_text() == "[1]"
+
+
+# ---------------------------------------------------------------- batch, CLI
+
+@pytest.mark.parametrize(
+    ("paths", "names"),
+    [
+        (["/x/alice/lab.ipynb", "/x/bob"], ["alice", "bob"]),
+        (["/a/solutions/01/01.ipynb", "/a/labs/01/01.ipynb"], ["solutions-01", "labs-01"]),
+        (["/x/s/a.ipynb", "/x/s/b.ipynb"], ["x-s-a", "x-s-b"]),
+        (["/x/s/a.ipynb", "/x/s/a.ipynb"], ["x-s-a-1", "x-s-a-2"]),
+        (["/x/Ann Lee (late)/nb.ipynb"], ["Ann_Lee_late"]),
+    ],
+)
+def test_submission_names(paths, names):
+    assert submission_names([Path(p) for p in paths]) == names
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_lab_loads(lab):
+    loaded = load_lab(REPO / "labs" / lab)
+    assert loaded.checks and sum(c["points"] for c in loaded.checks) > 0
+    assert "checks.py" in loaded.files and loaded.config["notebook"] in loaded.files
+    nb = nbformat.reads(loaded.files[loaded.config["notebook"]].decode(), as_version=4)
+    tags = [set(c.metadata.get("tags", [])) for c in nb.cells]
+    assert any("parameters" in t for t in tags)
+    assert any("raises-exception" in t for t in tags), "the starter must show its bug"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_solved_notebooks_keep_the_labs_locked_cells(lab):
+    starter = nbformat.read(REPO / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    solved = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    _, notes = restore_locked_cells(solved, starter)
+    assert notes == []
+
+
+def test_bad_labs_are_usage_errors(tmp_path):
+    with pytest.raises(GradingError, match="expected lab.json"):
+        load_lab(tmp_path)
+    (tmp_path / "lab.json").write_text('{"notebook": "lab.ipynb", "edit": ["train.py"]}')
+    with pytest.raises(GradingError, match=r"missing: \['lab.ipynb', 'train.py', 'checks.py'\]"):
+        load_lab(tmp_path)
+    for name in ("lab.ipynb", "train.py"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checks.py").write_text("import no_such_module\n")
+    with pytest.raises(GradingError, match="checks.py does not load: ModuleNotFoundError"):
+        load_lab(tmp_path)
+    (tmp_path / "checks.py").write_text("x = 1\n")
+    with pytest.raises(GradingError, match="declares no @check"):
+        load_lab(tmp_path)
+
+
+def test_cli_usage_errors_exit_2(tmp_path, capsys):
+    lab = REPO / "labs" / LABS[0]
+    assert cli(["grade", str(lab), str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "o")]) == 2
+    assert "submission not found" in capsys.readouterr().err
+    assert cli(["grade", str(tmp_path), str(lab), "--out", str(tmp_path / "o")]) == 2
+    with pytest.raises(GradingError, match="jobs"):
+        grade(lab, [lab], out_dir=tmp_path / "o", jobs=0)

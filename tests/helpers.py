@@ -1,0 +1,62 @@
+"""What tests share: the repository's folders, and talking to a real kernel.
+
+Tests import these (`from helpers import REPO, SCRIPTS`); tests/conftest.py holds only
+fixtures and pytest's hooks. tests/ mirrors src/labutils: tests/run for labutils.run,
+tests/notebook, tests/cluster, tests/course, tests/grading, tests/runtime, and
+tests/curriculum for the lessons' own modules and scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+SCRIPTS = TESTS / "scripts"  # small scripts the launcher tests run
+DATA = TESTS / "data"  # recorded events, stderr and run folders
+LESSONS = REPO / "lessons"
+
+
+def this_python_kernel(tmp_path, name: str):
+    """A KernelManager for an ipykernel on this Python, through a kernelspec in tmp_path
+    (not started; the caller starts it, or hands it to nbclient)."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec_dir = tmp_path / "kernels" / name
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": name, "language": "python",
+    }))
+    return KernelManager(kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]),
+                         kernel_name=name)
+
+
+def iopub_until(kc, found, *, timeout: float):
+    """Read iopub messages until found(msg) is true; return that message."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # queue.Empty
+            continue
+        if found(msg):
+            return msg
+    raise AssertionError(f"nothing matched on iopub within {timeout} s")
+
+
+def execute_reply(kc, msg_id: str, *, timeout: float) -> dict:
+    """The shell reply to one execute request."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # queue.Empty
+            continue
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+    raise AssertionError(f"no reply within {timeout} s")

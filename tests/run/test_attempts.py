@@ -1,0 +1,123 @@
+"""The fold of rank events into attempts (run/attempts.py), on events recorded from real runs.
+
+tests/data/events/<scenario>/ holds each rank's events.jsonl from one launch() and the
+result.attempts that run produced (attempts.json): the fold alone, with no process
+and no torchrun, must find the same attempts, world sizes, agents and rank states.
+Recorded with torch 2.13 by launch() on this project's scripts:
+- rank_fault_restart: resume.py, 2 ranks, fault {"rank": 1, "step": 2}, max_restarts=1;
+- failure: fail_rank2.py, 3 ranks, rank 2 raises;
+- agent_leaves: elastic_steps.py, nnodes="1:2", 2 agents of 1 rank, fault {"agent": 1, "step": 3}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import DATA
+
+from labutils.run.attempts import AttemptFold, fold_events
+
+DATA = DATA / "events"
+
+
+def recorded(name: str) -> tuple[dict[int, list[dict]], list[dict]]:
+    folder = DATA / name
+    events = {int(p.parent.name[4:]): [json.loads(line) for line in p.read_text().splitlines()]
+              for p in folder.glob("rank*/events.jsonl")}
+    return events, json.loads((folder / "attempts.json").read_text())
+
+
+def fold_with_history(name: str):
+    """The fold of a recording, and what it told its close() about each closed attempt."""
+    events, expected = recorded(name)
+    closed = []
+
+    def close(attempt, next_world_size):
+        members = {r.rank: r.exit_code for r in fold.ranks if r.attempt == attempt.index and r.pid}
+        closed.append({"attempt": attempt.index, "world_size": attempt.world_size,
+                       "restart_count": attempt.restart_count, "next": next_world_size,
+                       "agents": {str(a): sorted(rs) for a, rs in attempt.agents.items()},
+                       "members": members})
+
+    fold = AttemptFold(max(events) + 1, close=close)
+    ordered = sorted((ev.get("t", 0.0), rank, i, ev) for rank, evs in events.items()
+                     for i, ev in enumerate(evs))
+    changes = [c for _, rank, _, ev in ordered for c in fold.apply(rank, ev)]
+    return fold, closed, changes, expected
+
+
+@pytest.mark.parametrize("name", ["rank_fault_restart", "failure", "agent_leaves"])
+def test_the_fold_finds_the_attempts_the_run_had(name):
+    fold, closed, changes, expected = fold_with_history(name)
+    assert fold.index == len(expected) - 1
+    assert [c["attempt"] for c in closed] == [e["attempt"] for e in expected[:-1]]
+    for seen, entry in zip([*closed, None], expected):
+        size = seen["world_size"] if seen else fold.current.world_size
+        assert size == entry["world_size"]
+        restart = seen["restart_count"] if seen else fold.current.restart_count
+        assert restart == entry["restart_count"]
+        if "agents" in entry:
+            agents = seen["agents"] if seen else {str(a): sorted(r) for a, r in
+                                                   fold.current.agents.items()}
+            assert agents == entry["agents"]
+    restarts = [c for c in changes if c[0] == "restart"]
+    assert [c[1] for c in restarts] == list(range(1, len(expected)))
+
+
+def test_a_rank_killed_mid_attempt_has_no_exit_code_until_the_launcher_settles_it():
+    fold, closed, _, expected = fold_with_history("rank_fault_restart")
+    # Rank 1 was SIGKILLed inside report(step=2): no exit event, so the fold leaves it
+    # to the launcher (torchrun's log, or the fault it injected) to say -9. Rank 0 lost
+    # its peer and exited with 1 by itself: its exit event says so.
+    assert closed[0]["members"] == {0: 1, 1: None}
+    assert expected[0]["exit_codes"] == {"0": 1, "1": -9}
+    # The second attempt ends normally: both ranks' exit events are there.
+    assert {r.rank: r.exit_code for r in fold.ranks} == {0: 0, 1: 0}
+    assert [r.state for r in fold.ranks] == ["done", "done"]
+
+
+def test_the_failing_rank_is_marked_failed_by_its_exception_event():
+    fold, _, changes, expected = fold_with_history("failure")
+    assert expected[0]["failed_rank"] == 2
+    assert fold.ranks[2].state == "failed" and 0 in fold.ranks[2].exceptions
+    assert fold.ranks[2].exceptions[0]["exc_type"] == "ValueError"
+    assert ("state", 2, "failed") in changes
+
+
+def test_the_agent_that_left_takes_its_rank_out_of_the_next_attempt():
+    fold, closed, changes, _ = fold_with_history("agent_leaves")
+    assert closed[0]["next"] == 1  # the next attempt's world size, as its first start said
+    assert [c for c in changes if c[0] == "fault"]  # rank 1 carried out the agent fault
+    assert "(was 2: the membership changed)" in [c for c in changes if c[0] == "restart"][0][2]
+    assert fold.members(2) == fold.ranks[:1]
+
+
+def test_records_keep_every_report_with_its_rank():
+    events, _ = recorded("rank_fault_restart")
+    fold = fold_events(events, 2)
+    reported = sum(1 for evs in events.values() for ev in evs if ev["kind"] == "record")
+    assert len(fold.records) == reported
+    assert {r["rank"] for r in fold.records} == {0, 1}
+
+
+@pytest.mark.parametrize(("events", "state"), [
+    ([{"kind": "start", "t": 1, "pid": 5, "world_size": 1}], "running"),
+    ([{"kind": "start", "t": 1, "pid": 5, "world_size": 1}, {"kind": "exit", "t": 2, "code": 0}],
+     "done"),
+    ([{"kind": "start", "t": 1, "pid": 5, "world_size": 1}, {"kind": "exit", "t": 2, "code": 3}],
+     "failed"),
+    ([{"kind": "progress", "t": 1}], "starting"),
+])
+def test_one_rank_states(events, state):
+    assert fold_events({0: events}, 1).ranks[0].state == state
+
+
+def test_a_late_start_of_an_attempt_that_is_over_is_ignored():
+    start = {"kind": "start", "pid": 5, "world_size": 1}
+    fold = AttemptFold(1)
+    fold.apply(0, {**start, "t": 1, "round": "a", "restart": 0})
+    fold.apply(0, {**start, "t": 2, "round": "b", "restart": 1})
+    assert fold.apply(0, {**start, "t": 3, "round": "a", "restart": 0}) == []
+    assert fold.index == 1 and fold.current.round == "b"

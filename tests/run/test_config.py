@@ -1,0 +1,113 @@
+"""Every bad launch request fails with one clear line before any process starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import SCRIPTS
+
+from labutils import LaunchConfigError, ScriptSyntaxError, launch
+from labutils.run.spec import MAX_NPROC, WORKER_PATH
+
+
+@pytest.fixture
+def ok_script(write_script):
+    return write_script("ok.py", "print('hi')\n")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"nproc": 0}, "nproc: expected a whole number of ranks >= 1, got 0"),
+        ({"nproc": -2}, "got -2"),
+        ({"nproc": MAX_NPROC + 1}, f"at most {MAX_NPROC} ranks"),
+        ({"nproc": 10_000}, "at most"),
+        ({"nproc": True}, "nproc"),
+        ({"nproc": "4"}, "got '4'"),
+        ({"nproc": 2.0}, "got 2.0"),
+        ({"backend": "mpi"}, "backend: expected 'auto', 'gloo' or 'nccl', got 'mpi'"),
+        ({"backend": "nccl"}, "nccl with 0 GPU(s)"),
+        ({"args": "--epochs 2"}, "split it, e.g. args=['--epochs', '2']"),
+        ({"args": 5}, "args: expected a list of strings"),
+        ({"hang_timeout": -1}, "hang_timeout"),
+        ({"hang_timeout": "30"}, "hang_timeout"),
+        ({"timeout": 0}, "timeout"),
+        ({"max_restarts": -1}, "max_restarts"),
+        ({"env": {"A": 1}}, "env: expected a dict of str to str"),
+        ({"display": "fancy"}, "display: expected auto | widgets | text"),
+        ({"fault": {"rank": 5, "step": 1}, "max_restarts": 1}, "fault rank: expected a rank in 0..1"),
+        ({"fault": {"rank": 0, "step": -1}, "max_restarts": 1}, "fault step"),
+        ({"fault": {"rank": 0, "step": 1}}, "max_restarts >= 1"),
+        ({"fault": {"rank": 0}}, "fault: expected a dict with 'rank' and 'step'"),
+    ],
+)
+def test_bad_arguments(ok_script, runs_dir, kwargs, fragment):
+    kwargs = {"nproc": 2, **kwargs}
+    nproc = kwargs.pop("nproc")
+    with pytest.raises(LaunchConfigError) as info:
+        launch(ok_script, nproc, **kwargs)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+    assert not runs_dir.exists(), "a run folder was created for a rejected request"
+
+
+def test_missing_script(runs_dir, tmp_path):
+    with pytest.raises(LaunchConfigError, match="script: expected an existing file, got 'nope.py'"):
+        launch("nope.py", 2)
+    assert not runs_dir.exists()
+
+
+@pytest.mark.parametrize("name", ["train.txt", "train"])
+def test_not_a_python_file(write_script, runs_dir, name):
+    path = write_script(name, "print(1)\n")
+    with pytest.raises(LaunchConfigError, match="expected a Python file ending in .py"):
+        launch(path, 2)
+
+
+def test_directory_is_not_a_script(tmp_path, runs_dir):
+    (tmp_path / "pkg.py").mkdir()
+    with pytest.raises(LaunchConfigError, match="Python file"):
+        launch(tmp_path / "pkg.py", 2)
+
+
+def test_syntax_error_names_file_and_line(write_script, runs_dir):
+    path = write_script("broken.py", "import os\n\ndef f(:\n    pass\n")
+    with pytest.raises(ScriptSyntaxError) as info:
+        launch(path, 2)
+    assert info.value.line == 3
+    assert f"{path}:3" in str(info.value)
+    assert "no rank was started" in str(info.value)
+    assert not runs_dir.exists()
+
+
+def test_random_fault_step_is_reproducible():
+    from labutils.run.spec import check_fault
+
+    a = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)
+    b = check_fault({"rank": 1, "step": (3, 9), "seed": 7}, 2, 1)
+    assert a == b and 3 <= a["step"] <= 9
+
+
+def test_prepare_says_what_will_start_before_anything_starts(tmp_path):
+    from labutils.run.launcher import prepare
+
+    run = prepare(SCRIPTS / "hello.py", 2, log_dir=tmp_path,
+                  display="none", env={"MY_SETTING": "1"}, max_restarts=1)
+    request = run.request
+    assert request.run_dir.is_dir() and not any(request.run_dir.iterdir())  # nothing ran
+    assert len(request.commands) == 1
+    command = request.commands[0]
+    assert command[1:3] == ["-m", "labutils.runtime.agent"] and "--max-restarts" in command
+    script = str(SCRIPTS / "hello.py")
+    # warm (the default): torchrun's function entry point runs the worker bootstrap by path
+    assert command[-5:] == ["--run-path", "--start-method", "fork", WORKER_PATH, script]
+    cold = prepare(script, 2, log_dir=tmp_path, display="none", warm=False).request
+    assert cold.commands[0][-3:] == ["-m", "labutils.runtime.worker", script]
+    assert str(cold).splitlines()[1] == "start: cold (warm=False)"
+    assert request.env["MY_SETTING"] == "1"
+    assert request.env["LABUTILS_RUN_DIR"] == str(request.run_dir)
+    text = str(request)
+    assert text.splitlines()[:2] == [f"run folder: {request.run_dir}", "start: warm"]
+    assert "agent 0: " in text and "MY_SETTING=1" in text

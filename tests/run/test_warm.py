@@ -1,0 +1,205 @@
+"""Warm start (labutils.run.warm, labutils.runtime.server): what only a warm run has.
+
+A warm rank must see what a cold one sees (its script as __main__, argv, cwd, sys.path,
+environment, thread count, signal handlers, functions that pickle for DataLoader
+workers and a spawn pool), nothing one run does may reach the next, each caller has
+its own server, a killed server is replaced, and runs where warm does not apply say
+why they started cold. The launcher's other tests run both ways (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import SCRIPTS
+
+from labutils import launch
+from labutils.errors import LaunchConfigError
+from labutils.run import warm
+from labutils.run.spec import LaunchSpec
+from labutils.runtime.procs import pid_alive
+
+SEES = SCRIPTS / "what_a_rank_sees.py"
+# Values that differ between any two processes, however they started: a random draw,
+# and str hashes when PYTHONHASHSEED is not set (a warm server's forks share its seed;
+# docs/architecture.md says so).
+PER_PROCESS = {"rand", "torch_seed", "torch_draw", "rank", "t", "hash_seed"}
+
+
+@pytest.fixture(autouse=True)
+def warm_allowed(monkeypatch):
+    """These tests are about warm runs, also in a session started with LABUTILS_START=cold."""
+    monkeypatch.delenv("LABUTILS_START", raising=False)
+
+
+def _sees(result, ignore=PER_PROCESS) -> dict[int, dict]:
+    assert result.ok, result.headline()
+    return {r["rank"]: {k: v for k, v in r.items() if k not in ignore} for r in result.records}
+
+
+def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kwargs = dict(args=["--spawn", "--lr", "0.1"], display="none",
+                  env={"WHAT_A_RANK_SEES": "given"})
+    cold = launch(SEES, 2, warm=False, **kwargs)
+    hot = launch(SEES, 2, **kwargs)
+    assert (cold.start, hot.start) == ("cold", "warm") and cold.start_reason == "warm=False"
+    assert _sees(hot) == _sees(cold)
+    seen = _sees(hot)[1]
+    assert seen["argv"] == ["--spawn", "--lr", "0.1"] and seen["argv0"] == seen["file"] == SEES.name
+    assert seen["name"] == "__main__" and seen["cwd"] == str(tmp_path)
+    assert seen["path0"] == str(SCRIPTS) and seen["env_given"] == "given"
+    assert seen["threads"] == 1 and seen["omp"] == "1"  # as torchrun sets it for 2 ranks
+    assert seen["mp_name"] == "MainProcess" and not seen["mp_parent"]
+    assert seen["sigterm"] == str(signal.SIG_DFL) and seen["blocked"] == []
+    assert seen["workers"] == [[0, 1, 4], [9, 16, 25]] and seen["spawned"] == [1, 4, 9]
+    assert seen["stdin"] == "" and seen["stdout_write_through"]
+    # Seeded per process, as an interpreter and torch seed them: every rank and run differs.
+    records = [r for res in (hot, launch(SEES, 2, display="none")) for r in res.records]
+    for key in ("rand", "torch_seed", "torch_draw"):
+        assert len({r[key] for r in records}) == 4, key
+
+
+def test_nothing_one_run_does_reaches_the_next(runs_dir):
+    first = _sees(launch(SEES, 2, display="none"))
+    second = _sees(launch(SEES, 2, display="none"))
+    for seen in (first, second):  # each run set a torch attribute and the default dtype
+        assert all(s["leaked"] is None and s["dtype_before"] == "torch.float32"
+                   for s in seen.values())
+
+
+def test_variables_read_at_import_get_a_server_of_their_own(runs_dir):
+    env = {"PYTHONHASHSEED": "123", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    hot = launch(SEES, 1, display="none", env=env)
+    cold = launch(SEES, 1, display="none", env=env, warm=False)
+    same = PER_PROCESS - {"hash_seed"}  # the hash seed is set: equal in every process
+    assert hot.start == "warm" and _sees(hot, same) == _sees(cold, same)
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('labutils'))"], text=True,
+                           capture_output=True, env={**os.environ, **env}).stdout
+    seen = _sees(hot, same)[0]
+    assert seen["hash_seed"] == int(fresh) and seen["debug_level"].endswith("DETAIL")
+    # one rank: the launcher sets no OMP_NUM_THREADS; the rank sees the caller's, if any
+    assert seen["omp"] == os.environ.get("OMP_NUM_THREADS")
+    assert seen["threads"] == _sees(cold)[0]["threads"]
+    assert any(s.import_env.get("PYTHONHASHSEED") == "123" for s in warm.servers())
+
+
+def test_a_killed_server_is_replaced(runs_dir):
+    first = launch(SEES, 2, display="none")
+    # the launcher's OMP_NUM_THREADS=1 for several ranks, unless the caller set one
+    omp = os.environ.get("OMP_NUM_THREADS", "1")
+    server = next(s for s in warm.servers() if s.import_env.get("OMP_NUM_THREADS") == omp)
+    os.kill(server.pid, signal.SIGKILL)
+    server.proc.wait(timeout=10)
+    again = launch(SEES, 2, display="none")
+    assert first.ok and again.ok and again.start == "warm"
+    assert "gone" in again.start_reason
+    assert server not in warm.servers() and not pid_alive(server.pid)
+
+
+def test_a_changed_installation_retires_the_server(runs_dir, monkeypatch):
+    launch(SEES, 2, display="none")
+    before = {s.pid for s in warm.servers()}
+    stamp = warm.install_stamp()
+    monkeypatch.setattr(warm, "install_stamp", lambda: stamp + 1)
+    result = launch(SEES, 2, display="none")
+    assert result.start == "warm" and "changed on disk" in result.start_reason
+    assert not before & {s.pid for s in warm.servers()}
+
+
+def test_the_install_stamp_sees_an_edited_module():
+    import labutils.run.warm as module
+
+    path = Path(module.__file__)
+    st = path.stat()
+    before = warm.install_stamp()
+    try:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        assert warm.install_stamp() != before
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert warm.install_stamp() == before
+
+
+CALLER = """
+import json, sys
+from labutils import launch
+from labutils.run import warm
+r = launch({script!r}, 2, display="none")
+print(json.dumps({{"ok": r.ok, "start": r.start, "servers": [s.pid for s in warm.servers()]}}))
+sys.stdout.flush()
+sys.stdin.read()  # stay alive until the test closes stdin
+"""
+
+
+def test_two_callers_have_separate_servers_that_die_with_them(runs_dir):
+    callers = [subprocess.Popen([sys.executable, "-c", CALLER.format(script=str(SEES))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    try:
+        seen = [json.loads(c.stdout.readline()) for c in callers]
+        assert all(s["ok"] and s["start"] == "warm" and len(s["servers"]) == 1 for s in seen)
+        servers = [s["servers"][0] for s in seen]
+        assert servers[0] != servers[1]
+        for caller, server in zip(callers, servers):
+            assert _parent(server) == caller.pid
+        callers[0].kill()  # a kernel killed with -9: its server goes with it
+        callers[0].wait()
+        deadline = time.monotonic() + 5
+        while pid_alive(servers[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(servers[0]) and pid_alive(servers[1])
+    finally:
+        for caller in callers:
+            caller.kill()
+            caller.wait()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _spec(**changes) -> LaunchSpec:
+    return LaunchSpec(script=SEES, nproc=2, **changes)
+
+
+def test_runs_where_warm_does_not_apply_say_why(monkeypatch):
+    assert warm.cold_reason(_spec()) is None
+    assert warm.cold_reason(_spec(warm=False)) == "warm=False"
+    assert "across machines" in warm.cold_reason(_spec(rdzv_endpoint="10.0.0.1:29400"))
+    assert "GPU" in warm.cold_reason(_spec(backend="nccl"))
+    monkeypatch.setenv("LABUTILS_START", "cold")
+    assert warm.cold_reason(_spec()) == "LABUTILS_START=cold"
+
+
+def test_warm_takes_only_a_bool():
+    with pytest.raises(LaunchConfigError, match="warm"):
+        launch(SEES, 2, warm="yes")
+
+
+def test_the_server_is_single_threaded_and_answers_bad_requests(runs_dir):
+    launch(SEES, 2, display="none")
+    server = warm.servers()[0]
+    assert len(os.listdir(f"/proc/{server.pid}/task")) == 1
+    with pytest.raises(warm.WarmUnavailable, match="unknown request"):
+        server.call({"op": "nothing"})
+    assert server.call({"op": "poll", "pid": 1}) == {"code": None}
+
+
+def test_a_prestarted_server_serves_the_first_run(runs_dir):
+    for server in warm.servers():  # the session's servers, to see prestart() at work
+        warm._servers.remove(server)
+        server.close()
+    warm.prestart()
+    (server,) = warm.servers()
+    result = launch(SEES, 2, display="none")
+    assert result.ok and result.start == "warm" and result.start_reason is None
+    assert warm.servers() == [server] and server.pid is not None
