@@ -21,7 +21,7 @@ compat.install()
 _LAZY = {
     "launch": "labutils.run.launcher", "last_result": "labutils.run.launcher",
     "RunResult": "labutils.run.result", "RankResult": "labutils.run.result",
-    "Failure": "labutils.run.diagnosis", "Hang": "labutils.run.diagnosis",
+    "Failure": "labutils.run.diagnosis", "Hang": "labutils.run.hang",
 }
 
 __all__ = [

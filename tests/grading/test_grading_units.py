@@ -13,7 +13,8 @@ from helpers import REPO
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from labutils.cli import main as cli
-from labutils.run.diagnosis import Failure, Hang
+from labutils.run.diagnosis import Failure
+from labutils.run.hang import Hang
 from labutils.grading import report
 from labutils.grading.batch import GradingError, grade, load_lab, submission_names
 from labutils.grading.checks import Checker, CheckResult, Part, Run, check, collect_checks, run_check

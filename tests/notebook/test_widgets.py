@@ -135,7 +135,8 @@ def test_states_notes_and_finish(tmp_path, shown):
 
 
 def test_panes_name_the_root_cause_its_victims_and_the_straggler(tmp_path, shown):
-    from labutils.run.diagnosis import Failure, Hang
+    from labutils.run.diagnosis import Failure
+    from labutils.run.hang import Hang
 
     d = started(tmp_path, world_size=3)
     failure = Failure(rank=1, exc_type="ValueError", message="bad", file="t.py", line=3,

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from labutils.run.diagnosis import analyse_hang, find_failure, looks_like_victim, parse_faulthandler
+from labutils.run.diagnosis import find_failure, looks_like_victim
+from labutils.run.hang import analyse_hang, parse_faulthandler
 
 GLOO_PEER_GONE = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                   "[127.0.0.1]:28037")

@@ -20,7 +20,8 @@ from __future__ import annotations
 import linecache
 import re
 
-from labutils.run.diagnosis import Failure, Frame, parse_faulthandler
+from labutils.run.diagnosis import Failure
+from labutils.run.hang import Frame, parse_faulthandler
 from labutils.runtime.frames import is_library, script_depth
 from labutils.runtime.runfiles import short_path
 

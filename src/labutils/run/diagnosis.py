@@ -1,29 +1,21 @@
-"""What went wrong: the failure summary and the hang report.
+"""What went wrong: the failure summary (the hang report is run/hang.py).
 
-Failure: every rank that raised left an ``exception`` event (type, message,
-file:line, traceback without launcher frames). When one rank dies, its peers
-usually die of it: torchrun terminates them, or their next collective fails
-with a connection error. The root cause is the earliest failure that does not
-look like such a consequence; the others are marked as victims.
-
-Hang: the launcher asks each live rank for its Python stack (faulthandler on
-SIGUSR1, which works while the rank is blocked inside gloo or NCCL), finds the
-line of the learner's script each rank waits on, and names the straggler: the
-rank whose position differs from the others'.
+Every rank that raised left an ``exception`` event (type, message, file:line,
+traceback without launcher frames); every rank that ended left an ``exit`` event or
+its agent's record of how it ended (docs/architecture.md, "How each rank ended").
+When one rank dies, its peers usually die of it: torchrun terminates them, or their
+next collective fails with a connection error. The root cause is the earliest rank
+that failed on its own; the others are marked as victims.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 import re
 import signal
-from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from labutils.runtime.frames import is_library, script_depth
-from labutils.runtime.runfiles import relative_path, short_path
+from labutils.run.hang import COLLECTIVE_FILES, Frame, rank_list, verb_for, where_text
 
 # Messages of ranks that failed only because a peer went away first.
 _VICTIM_PATTERNS = (
@@ -40,7 +32,6 @@ _VICTIM_PATTERNS = (
     "socket closed",
     "read error",
 )
-_COLLECTIVE_FILES = ("distributed_c10d.py",)
 # A collective that gave up waiting for its peers: gloo's timeout, NCCL's watchdog.
 _TIMEOUT_PATTERNS = (
     "timed out waiting",
@@ -67,7 +58,7 @@ def collective_in(traceback: str) -> str:
     frame in distributed_c10d.py is the public function the script called."""
     frames = [Frame(f, int(line), func.strip()) for f, line, func in
               _TRACEBACK_FRAME_RE.findall(traceback)]
-    names = [fr.func for fr in frames if fr.file.endswith(_COLLECTIVE_FILES)]
+    names = [fr.func for fr in frames if fr.file.endswith(COLLECTIVE_FILES)]
     if names:
         return names[0]
     return "backward" if any(fr.func == "backward" and "torch" in fr.file for fr in frames) else ""
@@ -110,7 +101,7 @@ class Failure:
 
     @property
     def where(self) -> str:
-        return f"{_short(self.file)}:{self.line}" if self.file else "unknown location"
+        return f"{where_text(self.file)}:{self.line}" if self.file else "unknown location"
 
     def to_json(self) -> dict:
         return {
@@ -121,9 +112,6 @@ class Failure:
             "mismatch": {str(r): m for r, m in self.mismatch.items()},
         }
 
-
-def _short(path: str | None) -> str:
-    return relative_path(path) if path else "?"
 
 
 def _raised(rank: int, ev: dict, exit_code: int | None) -> Failure:
@@ -192,7 +180,7 @@ def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list
         # Each rank waited for peers that were in another call: blaming the first to give
         # up would point at an innocent line. Show every rank's call instead.
         root.mismatch = {r: {"collective": collective_in(ev.get("traceback", "")),
-                             "where": f"{_short(ev.get('file'))}:{ev.get('line')}",
+                             "where": f"{where_text(ev.get('file'))}:{ev.get('line')}",
                              "source": ev.get("source", "")}
                          for r, ev in sorted(timed_out.items())}
         root.also_failed = sorted(r for r in timed_out if r != root.rank)
@@ -263,8 +251,8 @@ def find_failure(
         waiting = sorted(r for r, _ in candidates)
         root = Failure(
             rank=early, exc_type="exit 0",
-            message=(f"the script ended (exit code 0) while {_fmt(waiting)} "
-                     f"{_verb(waiting, 'was', 'were')} still in a collective with it: every rank must "
+            message=(f"the script ended (exit code 0) while {rank_list(waiting)} "
+                     f"{verb_for(waiting, 'was', 'were')} still in a collective with it: every rank must "
                      "make the same collective calls (uneven data, or an early return or break)"),
             file=None, line=None, traceback="", exit_code=0, kind="early_exit")
         event = exit_events.get(early) or {}
@@ -282,163 +270,3 @@ def find_failure(
             file=None, line=None, traceback="", exit_code=code, kind="signal")
     _mark_victims(root, exceptions, failed_ranks, primary)
     return root
-
-
-# ---------------------------------------------------------------------------- hangs
-
-_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    func: str
-
-
-def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
-    """The main thread's frames (innermost first) from a faulthandler dump.
-
-    Falls back to the first thread in the dump when main_tid is unknown or absent.
-    """
-    threads: dict[int, list[Frame]] = {}
-    order: list[int] = []
-    current: list[Frame] | None = None
-    for line in text.splitlines():
-        m = _THREAD_RE.match(line)
-        if m:
-            tid = int(m.group(2), 16)
-            current = threads.setdefault(tid, [])
-            if tid in order:  # a later dump of the same thread: keep only the newest
-                current.clear()
-            else:
-                order.append(tid)
-            continue
-        m = _FRAME_RE.match(line)
-        if m and current is not None:
-            current.append(Frame(m.group(1), int(m.group(2)), m.group(3).strip()))
-    if main_tid is not None and main_tid in threads:
-        return threads[main_tid]
-    return threads[order[0]] if order else []
-
-
-def user_frame(frames: list[Frame], script: str | None) -> Frame | None:
-    """The innermost frame in the learner's script, else the innermost outside libraries."""
-    script_abs = os.path.abspath(script) if script else None
-    for fr in frames:
-        if script_abs and os.path.abspath(fr.file) == script_abs:
-            return fr
-    for fr in frames:
-        if not is_library(fr.file):
-            return fr
-    return frames[0] if frames else None
-
-
-def collective_of(frames: list[Frame], at: Frame | None) -> str:
-    """The torch.distributed call the rank is inside (closest to the learner's line).
-
-    A rank stuck in backward() waits for DDP's gradient all-reduce (the reducer runs
-    it from autograd hooks, out of sight of Python), so backward counts as one.
-    """
-    inner = frames[: frames.index(at)] if at is not None and at in frames else frames
-    names = [fr.func for fr in inner if fr.file.endswith(_COLLECTIVE_FILES)]
-    if names:
-        return names[-1]
-    if any(fr.func == "backward" and "torch" in fr.file for fr in inner):
-        return "backward"
-    return ""
-
-
-@dataclass
-class Hang:
-    """A hang report. Unpacks as (stacks, waiting, stragglers)."""
-
-    stacks: dict[int, str]
-    waiting: dict[int, str]
-    stragglers: list[int]
-    calls: dict[int, str] = field(default_factory=dict)      # rank -> collective it waits in
-    sources: dict[int, str] = field(default_factory=dict)    # rank -> source of its line
-    exited: dict[int, int | None] = field(default_factory=dict)  # ranks already gone
-    silent_s: float = 0.0
-    explanation: str = ""
-
-    def __iter__(self):
-        return iter((self.stacks, self.waiting, self.stragglers))
-
-    def to_json(self) -> dict:
-        return {
-            "stacks": {str(r): s for r, s in self.stacks.items()},
-            "waiting": {str(r): w for r, w in self.waiting.items()},
-            "stragglers": self.stragglers,
-            "calls": {str(r): c for r, c in self.calls.items()},
-            "exited": {str(r): c for r, c in self.exited.items()},
-            "silent_s": round(self.silent_s, 2),
-            "explanation": self.explanation,
-        }
-
-
-def analyse_hang(
-    dumps: dict[int, str],
-    main_tids: dict[int, int | None],
-    script: str | None,
-    *,
-    exited: dict[int, int | None] | None = None,
-    silent_s: float = 0.0,
-) -> Hang:
-    """Turn per-rank faulthandler dumps into waiting lines and stragglers."""
-    stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
-    for rank in sorted(dumps):
-        frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
-        frames = frames[:script_depth([f.file for f in frames])]  # what runs the script
-        frames_of[rank] = frames
-        stacks[rank] = "\n".join(
-            f'  File "{short_path(f.file)}", line {f.line} in {f.func}' for f in frames
-        ) or dumps[rank].strip() or "(no stack received)"
-        at = user_frame(frames, script)
-        waiting[rank] = f"{_short(at.file)}:{at.line}" if at else "unknown"
-        calls[rank] = collective_of(frames, at)
-        sources[rank] = linecache.getline(at.file, at.line).strip() if at else ""
-    stragglers, explanation = _stragglers(waiting, calls, exited or {})
-    return Hang(stacks, waiting, stragglers, calls, sources, dict(exited or {}), silent_s,
-                explanation)
-
-
-def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict) -> tuple[list[int], str]:
-    ranks = sorted(waiting)
-    if not ranks:
-        return [], "no rank was alive to inspect"
-    in_collective = [r for r in ranks if calls.get(r)]
-    outside = [r for r in ranks if not calls.get(r)]
-    if in_collective and outside:
-        return outside, (
-            f"{_fmt(in_collective)} {_verb(in_collective, 'waits', 'wait')} in a collective that "
-            f"{_fmt(outside)} {_verb(outside, 'has', 'have')} not reached"
-        )
-    counts = Counter(waiting[r] for r in ranks)
-    if exited and len(counts) == 1:
-        return [], (
-            f"{_fmt(ranks)} {_verb(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "
-            f"{_fmt(sorted(exited))}, which already left the run (uneven inputs or an early exit)"
-        )
-    if len(counts) == 1:
-        return [], f"every rank waits at {waiting[ranks[0]]}"
-    top = counts.most_common()
-    if top[0][1] > top[1][1]:
-        majority = top[0][0]
-        odd = [r for r in ranks if waiting[r] != majority]
-        same = [r for r in ranks if waiting[r] == majority]
-        return odd, (
-            f"{_fmt(same)} {_verb(same, 'waits', 'wait')} at {majority}; "
-            f"{_fmt(odd)} {_verb(odd, 'is', 'are')} somewhere else"
-        )
-    return [], "the ranks wait at different lines: their collectives do not match"
-
-
-def _fmt(ranks: list[int]) -> str:
-    """'rank 1' or 'ranks 0, 2, 3'."""
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
-def _verb(ranks: list[int], one: str, many: str) -> str:
-    return one if len(ranks) == 1 else many

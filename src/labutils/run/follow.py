@@ -22,8 +22,8 @@ from pathlib import Path
 from labutils.run import outcome
 from labutils.run.attempts import AttemptFold, RankState
 from labutils.run.backends import Backend, LocalAgents, scheduler_backend
-from labutils.run.diagnosis import Hang, analyse_hang
 from labutils.run.display import Display
+from labutils.run.hang import Hang, analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult
 from labutils.run.spec import LaunchSpec, RunRequest

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from labutils.run.diagnosis import Failure, Hang, signal_name
+from labutils.run.diagnosis import Failure, signal_name
+from labutils.run.hang import Hang
 from labutils.run.states import RankStatus
 from labutils.runtime import runfiles
 

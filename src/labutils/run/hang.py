@@ -1,0 +1,186 @@
+"""The hang report: where each rank waits, and which rank is the straggler.
+
+When no rank has made progress for hang_timeout, the launcher asks each live rank for
+its Python stack (faulthandler on SIGUSR1, which works while the rank is blocked inside
+gloo or NCCL). analyse_hang() finds the line of the learner's script each rank waits
+on and the collective it waits in, and names the straggler: the rank whose position
+differs from the others'. A crash's faulthandler dump (run/crash.py) is read with the
+same parser.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from labutils.runtime.frames import is_library, script_depth
+from labutils.runtime.runfiles import relative_path, short_path
+
+# The module whose outermost frame is the torch.distributed call a script made.
+COLLECTIVE_FILES = ("distributed_c10d.py",)
+
+
+def where_text(path: str | None) -> str:
+    """A file as a failure or hang report names it: relative to the current folder."""
+    return relative_path(path) if path else "?"
+
+
+_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+
+def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
+    """The main thread's frames (innermost first) from a faulthandler dump.
+
+    Falls back to the first thread in the dump when main_tid is unknown or absent.
+    """
+    threads: dict[int, list[Frame]] = {}
+    order: list[int] = []
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        m = _THREAD_RE.match(line)
+        if m:
+            tid = int(m.group(2), 16)
+            current = threads.setdefault(tid, [])
+            if tid in order:  # a later dump of the same thread: keep only the newest
+                current.clear()
+            else:
+                order.append(tid)
+            continue
+        m = _FRAME_RE.match(line)
+        if m and current is not None:
+            current.append(Frame(m.group(1), int(m.group(2)), m.group(3).strip()))
+    if main_tid is not None and main_tid in threads:
+        return threads[main_tid]
+    return threads[order[0]] if order else []
+
+
+def user_frame(frames: list[Frame], script: str | None) -> Frame | None:
+    """The innermost frame in the learner's script, else the innermost outside libraries."""
+    script_abs = os.path.abspath(script) if script else None
+    for fr in frames:
+        if script_abs and os.path.abspath(fr.file) == script_abs:
+            return fr
+    for fr in frames:
+        if not is_library(fr.file):
+            return fr
+    return frames[0] if frames else None
+
+
+def collective_of(frames: list[Frame], at: Frame | None) -> str:
+    """The torch.distributed call the rank is inside (closest to the learner's line).
+
+    A rank stuck in backward() waits for DDP's gradient all-reduce (the reducer runs
+    it from autograd hooks, out of sight of Python), so backward counts as one.
+    """
+    inner = frames[: frames.index(at)] if at is not None and at in frames else frames
+    names = [fr.func for fr in inner if fr.file.endswith(COLLECTIVE_FILES)]
+    if names:
+        return names[-1]
+    if any(fr.func == "backward" and "torch" in fr.file for fr in inner):
+        return "backward"
+    return ""
+
+
+@dataclass
+class Hang:
+    """A hang report. Unpacks as (stacks, waiting, stragglers)."""
+
+    stacks: dict[int, str]
+    waiting: dict[int, str]
+    stragglers: list[int]
+    calls: dict[int, str] = field(default_factory=dict)      # rank -> collective it waits in
+    sources: dict[int, str] = field(default_factory=dict)    # rank -> source of its line
+    exited: dict[int, int | None] = field(default_factory=dict)  # ranks already gone
+    silent_s: float = 0.0
+    explanation: str = ""
+
+    def __iter__(self):
+        return iter((self.stacks, self.waiting, self.stragglers))
+
+    def to_json(self) -> dict:
+        return {
+            "stacks": {str(r): s for r, s in self.stacks.items()},
+            "waiting": {str(r): w for r, w in self.waiting.items()},
+            "stragglers": self.stragglers,
+            "calls": {str(r): c for r, c in self.calls.items()},
+            "exited": {str(r): c for r, c in self.exited.items()},
+            "silent_s": round(self.silent_s, 2),
+            "explanation": self.explanation,
+        }
+
+
+def analyse_hang(
+    dumps: dict[int, str],
+    main_tids: dict[int, int | None],
+    script: str | None,
+    *,
+    exited: dict[int, int | None] | None = None,
+    silent_s: float = 0.0,
+) -> Hang:
+    """Turn per-rank faulthandler dumps into waiting lines and stragglers."""
+    stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
+    for rank in sorted(dumps):
+        frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
+        frames = frames[:script_depth([f.file for f in frames])]  # what runs the script
+        frames_of[rank] = frames
+        stacks[rank] = "\n".join(
+            f'  File "{short_path(f.file)}", line {f.line} in {f.func}' for f in frames
+        ) or dumps[rank].strip() or "(no stack received)"
+        at = user_frame(frames, script)
+        waiting[rank] = f"{where_text(at.file)}:{at.line}" if at else "unknown"
+        calls[rank] = collective_of(frames, at)
+        sources[rank] = linecache.getline(at.file, at.line).strip() if at else ""
+    stragglers, explanation = _stragglers(waiting, calls, exited or {})
+    return Hang(stacks, waiting, stragglers, calls, sources, dict(exited or {}), silent_s,
+                explanation)
+
+
+def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict) -> tuple[list[int], str]:
+    ranks = sorted(waiting)
+    if not ranks:
+        return [], "no rank was alive to inspect"
+    in_collective = [r for r in ranks if calls.get(r)]
+    outside = [r for r in ranks if not calls.get(r)]
+    if in_collective and outside:
+        return outside, (
+            f"{rank_list(in_collective)} {verb_for(in_collective, 'waits', 'wait')} in a collective that "
+            f"{rank_list(outside)} {verb_for(outside, 'has', 'have')} not reached"
+        )
+    counts = Counter(waiting[r] for r in ranks)
+    if exited and len(counts) == 1:
+        return [], (
+            f"{rank_list(ranks)} {verb_for(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "
+            f"{rank_list(sorted(exited))}, which already left the run (uneven inputs or an early exit)"
+        )
+    if len(counts) == 1:
+        return [], f"every rank waits at {waiting[ranks[0]]}"
+    top = counts.most_common()
+    if top[0][1] > top[1][1]:
+        majority = top[0][0]
+        odd = [r for r in ranks if waiting[r] != majority]
+        same = [r for r in ranks if waiting[r] == majority]
+        return odd, (
+            f"{rank_list(same)} {verb_for(same, 'waits', 'wait')} at {majority}; "
+            f"{rank_list(odd)} {verb_for(odd, 'is', 'are')} somewhere else"
+        )
+    return [], "the ranks wait at different lines: their collectives do not match"
+
+
+def rank_list(ranks: list[int]) -> str:
+    """'rank 1' or 'ranks 0, 2, 3'."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def verb_for(ranks: list[int], one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many
