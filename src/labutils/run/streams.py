@@ -167,6 +167,18 @@ class RankOutput:
             tail.close()
 
 
+def json_lines(tail: LineTail, *, final: bool = False) -> list[dict]:
+    """The JSON objects in a tail's new lines (all of them when final); a torn last line,
+    from a process killed mid-write, is passed over."""
+    objects = []
+    for line in tail.read_all() if final else tail.read():
+        try:
+            objects.append(json.loads(line))
+        except ValueError:
+            continue
+    return objects
+
+
 class EventTail:
     """Events of one rank as dicts, in the order the rank wrote them."""
 
@@ -174,14 +186,7 @@ class EventTail:
         self._tail = LineTail(runfiles.events_path(run_dir, rank))
 
     def poll(self, *, final: bool = False) -> list[dict]:
-        raw = self._tail.read_all() if final else self._tail.read()
-        events = []
-        for line in raw:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line from a rank killed mid-write
-        return events
+        return json_lines(self._tail, final=final)
 
     def close(self) -> None:
         self._tail.close()
@@ -197,14 +202,8 @@ class EndingsTail:
     def poll(self, *, final: bool = False) -> list[dict]:
         for path in runfiles.endings_files(self.run_dir):
             self._tails.setdefault(path, LineTail(path))
-        records = []
-        for tail in self._tails.values():
-            for line in tail.read_all() if final else tail.read():
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    continue  # a torn last line from an agent killed mid-write
-        return records
+        return [record for tail in self._tails.values()
+                for record in json_lines(tail, final=final)]
 
     def close(self) -> None:
         for tail in self._tails.values():
