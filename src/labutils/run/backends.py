@@ -71,7 +71,8 @@ class Backend:
     shared: bool = False  # ranks run where this launcher cannot signal them
     scheduled: bool = False  # a scheduler's job: finished() and failed() say how it goes
     start_kind: str = "cold"  # "warm" or "cold"
-    start_reason: str | None = None  # why cold, or that a warm server was started
+    start_reason: str | None = None  # why it starts cold (None when warm)
+    warm_server: str | None = None  # warm: that a new warm server was started, and why
     command: list[str]
     commands: list[list[str]]
     agents: list[Agent]
@@ -149,9 +150,7 @@ class LocalAgents(Backend):
         server = None
         if self.start_kind == "warm":
             try:
-                server, started = server_for(env)
-                if started:
-                    self.start_reason = started
+                server, self.warm_server = server_for(env)
             except WarmUnavailable as exc:
                 self.start_kind, self.start_reason = "cold", str(exc)
                 self._commands()

@@ -268,4 +268,5 @@ def final_result(run: Run) -> RunResult:
         commands=run.backend.commands, agent_exit_code=run.backend.exit_code,
         ownership=ownership_mode() if run.backend.agents else None,
         start=run.backend.start_kind, start_reason=run.backend.start_reason,
+        warm_server=run.backend.warm_server,
     )

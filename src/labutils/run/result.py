@@ -94,10 +94,12 @@ class RunResult:
     # launcher can see); None when the nodes ran elsewhere (SLURM).
     ownership: str | None = None
     # How the agents started: "warm" (forked from this caller's warm server, torch
-    # already imported) or "cold" (a new interpreter each); and why, when it is cold or
-    # a warm server had to be started for it (labutils.run.warm).
+    # already imported) or "cold" (a new interpreter each); why it started cold; and
+    # for a warm run, that a new warm server had to be started for it, and why
+    # (labutils.run.warm).
     start: str | None = None
     start_reason: str | None = None
+    warm_server: str | None = None
 
     @property
     def restarts(self) -> int:
@@ -135,6 +137,7 @@ class RunResult:
             **({"cluster": self.cluster} if self.cluster else {}),
             **({"ownership": self.ownership} if self.ownership else {}),
             **({"start": self.start, "start_reason": self.start_reason} if self.start else {}),
+            **({"warm_server": self.warm_server} if self.warm_server else {}),
         }
 
     def write_json(self, path: str | os.PathLike) -> None:
