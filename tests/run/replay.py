@@ -1,5 +1,5 @@
 """A fake back end for the follow loop: it starts no process and replays a run folder
-recorded from a real run (tests/data/runs/NAME), as torch elastic tests its agent with
+recorded from a real run (tests/data/recorded/NAME), as torch elastic tests its agent with
 scripted worker states instead of processes.
 
     python tests/run/replay.py        re-records every ending of the endings table
@@ -23,7 +23,7 @@ from labutils.run.backends import LocalAgents
 from labutils.run.spec import LaunchSpec
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDINGS = REPO / "tests" / "data" / "runs"
+RECORDINGS = REPO / "tests" / "data" / "recorded"
 LEARNER = "/home/learner/course"
 FILES = ("rank*/events.jsonl", "rank*/stdout.log", "rank*/stderr.log", "ended-*.jsonl",
          "agent.log")

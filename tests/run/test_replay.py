@@ -1,5 +1,5 @@
 """The follow loop and the ending without torchrun: recorded runs of the endings table
-(tests/data/runs, made by tests/run/replay.py) replayed through a fake back end must
+(tests/data/recorded, made by tests/run/replay.py) replayed through a fake back end must
 give the verdict the endings table requires, as the real runs do (test_endings.py)."""
 
 from __future__ import annotations
