@@ -62,3 +62,23 @@ def test_a_handler_the_script_left_cannot_raise_into_the_report(tmp_path):
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_an_exception_a_handler_raised_whilescripts_own_exception_unwound_gives_way(tmp_path):
+    """The handler's exception, raised outside the script's frames, has the script's
+    own as its __context__: that one is reported, with the script's line."""
+    from labutils.runtime.worker import run_script
+
+    script = tmp_path / "unwinding.py"
+    script.write_text("def fail():\n    raise ValueError('the script failed')\nfail()\n")
+    raised = run_script(str(script))
+    assert isinstance(raised, ValueError)
+    # what the bootstrap is handed when a library frame raised during the unwinding
+    from labutils.runtime.worker import scripts_own_exception
+
+    late = RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed.")
+    late.__context__ = raised
+    assert scripts_own_exception(late, str(script)) is raised
+    assert scripts_own_exception(raised, str(script)) is raised
+    outside = RuntimeError("no script frame, no context")
+    assert scripts_own_exception(outside, str(script)) is outside

@@ -1,9 +1,8 @@
 """How a run, and each attempt of it, ended: the facts result.attempts and RunResult hold.
 
 The functions that take ``run`` read a follower's state (run/follow.py's Run: its
-spec, fold, back end and per-rank output) and write only its attempts and rank
-states; the root cause itself is a pure function of the ranks' events and endings
-(run/diagnosis.py's find_failure, tested on recorded runs too).
+spec, fold, back end and per-rank output) and write only result.attempts and rank
+states.
 
 torchrun's own log is read here too: the agent writes one line per worker it saw
 fail (its exit code, by pid) and, at the end, its list of failed ranks, which is
@@ -19,7 +18,6 @@ import signal
 import time
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from labutils.run.attempts import Attempt
 from labutils.run.crash import explain_crash
@@ -30,9 +28,6 @@ from labutils.run.spec import public_fault
 from labutils.run.states import LIVE, Ending, RankStatus
 from labutils.runtime import runfiles
 from labutils.runtime.procs import ownership_mode
-
-if TYPE_CHECKING:  # follow.py calls these with its Run, and imports this module
-    from labutils.run.follow import Run
 
 STACK_WAIT_S = 3.0
 _AGENT_FAILURE_RE = re.compile(
@@ -133,7 +128,7 @@ def stacks_size(run_dir: Path, rank: int) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def failure_of(run: Run, attempt: int, exit_codes: dict[int, int | None],
+def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
                finished: AbstractSet[int] = frozenset()):
     """The root cause among an attempt's ranks (diagnosis.find_failure), or None."""
     members = [run.ranks[rank] for rank in exit_codes]
@@ -154,7 +149,7 @@ def failure_of(run: Run, attempt: int, exit_codes: dict[int, int | None],
     return failure
 
 
-def fault_of(run: Run, attempt: int) -> dict | None:
+def fault_of(run, attempt: int) -> dict | None:
     """The fault meant for an attempt: its agent fault if it fired, else its rank fault."""
     if attempt in run.fired:
         return run.spec.faults[run.fired[attempt]]
@@ -164,7 +159,7 @@ def fault_of(run: Run, attempt: int) -> dict | None:
     return None
 
 
-def describe(run: Run, entry: dict, attempt: Attempt | None, fault: dict | None) -> None:
+def describe(run, entry: dict, attempt: Attempt | None, fault: dict | None) -> None:
     """describe_attempt() with what the run knows of the attempt."""
     describe_attempt(
         entry, world_size=attempt.world_size if attempt else run.spec.world_size,
@@ -173,7 +168,7 @@ def describe(run: Run, entry: dict, attempt: Attempt | None, fault: dict | None)
         fault=fault)
 
 
-def close_attempt(run: Run, attempt: Attempt, next_world_size: int) -> None:
+def close_attempt(run, attempt: Attempt, next_world_size: int) -> None:
     """Record why the attempt that is being replaced ended (the fold calls this)."""
     seen = worker_exit_codes(run.backend.logs())
     fault = fault_of(run, attempt.index)
@@ -201,7 +196,7 @@ def close_attempt(run: Run, attempt: Attempt, next_world_size: int) -> None:
     run.display.note(attempt_line(entry))
 
 
-def final_result(run: Run) -> RunResult:
+def final_result(run) -> RunResult:
     """The RunResult once every process is gone: exit codes settled with torchrun's
     log, the failure found, the last attempt recorded, every rank's final state."""
     logs = run.backend.logs(faulted=False)

@@ -235,19 +235,39 @@ def run_script(script: str) -> BaseException | None:
     bootstrap while it reports, it would end the rank with no exception event and a
     half-written report. So the script's handlers are taken off before anything else
     runs, and an exception they raise meanwhile counts only when the script raised
-    none itself.
+    none itself; one they raise while the script's own exception unwinds, outside the
+    script's frames, gives way to that exception (its __context__).
     """
     raised: BaseException | None = None
     try:
         runpy.run_path(script, run_name="__main__")
     except BaseException as exc:  # noqa: BLE001 - every way the script can end
-        raised = exc
+        raised = scripts_own_exception(exc, script)
     while True:
         try:
             _script_handlers_off()
             return raised
         except BaseException as late:  # noqa: BLE001 - a handler that fired meanwhile
             raised = raised or late
+
+
+def scripts_own_exception(exc: BaseException, script: str) -> BaseException:
+    """exc, or the exception it interrupted when exc was raised outside the script's
+    frames (a signal handler firing while the script's own exception unwound)."""
+    script_abs = os.path.abspath(script)
+
+    def in_script(e: BaseException) -> bool:
+        tb = e.__traceback__
+        while tb is not None:
+            if os.path.abspath(tb.tb_frame.f_code.co_filename) == script_abs:
+                return True
+            tb = tb.tb_next
+        return False
+
+    seen: BaseException | None = exc
+    while seen is not None and not in_script(seen):
+        seen = seen.__context__
+    return seen if seen is not None else exc
 
 
 def _script_handlers_off() -> None:
