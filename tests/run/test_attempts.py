@@ -121,3 +121,42 @@ def test_a_late_start_of_an_attempt_that_is_over_is_ignored():
     fold.apply(0, {**start, "t": 2, "round": "b", "restart": 1})
     assert fold.apply(0, {**start, "t": 3, "round": "a", "restart": 0}) == []
     assert fold.index == 1 and fold.current.round == "b"
+
+
+def _started_fold() -> AttemptFold:
+    fold = AttemptFold(2)
+    for rank in (0, 1):
+        fold.apply(rank, {"kind": "start", "t": 1.0, "pid": 100 + rank, "host": "h",
+                          "round": "a:1", "world_size": 2})
+    return fold
+
+
+@pytest.mark.parametrize(("stopping", "code", "message", "states"), [
+    # a failed run: the agent's reap and the events say who failed
+    (False, -11, "Connection closed by peer", ["failed", "failed"]),
+    (False, -15, "Connection closed by peer", ["killed", "failed"]),
+    # the launcher is stopping the run (Stop, Ctrl-C, timeout): its SIGTERM or SIGKILL
+    # ended rank 0, and rank 1 lost it in a collective before its own SIGTERM came
+    (True, -15, "Connection closed by peer", ["killed", "killed"]),
+    (True, -9, "Connection closed by peer", ["killed", "killed"]),
+    # an error of rank 1's own while the run stops is still rank 1's
+    (True, -15, "the batch is empty", ["killed", "failed"]),
+])
+def test_how_ranks_end_is_folded_from_the_agents_reaps_and_the_events(stopping, code, message,
+                                                                     states):
+    fold = _started_fold()
+    fold.stopping = stopping
+    fold.reaped({"host": "h", "pid": 100, "code": code, "t": 2.0})
+    fold.apply(1, {"kind": "exception", "t": 2.1, "exc_type": "RuntimeError", "message": message})
+    fold.apply(1, {"kind": "exit", "t": 2.2, "code": 1})
+    fold.reaped({"host": "h", "pid": 101, "code": 1, "t": 2.3})
+    assert [r.state for r in fold.ranks] == states
+    assert [r.exit_code for r in fold.ranks] == [code, 1]
+    assert [r.ended_t for r in fold.ranks] == [2.0, 2.2]  # the exit event's time first
+
+
+def test_a_reap_of_another_host_or_an_old_attempt_changes_nothing():
+    fold = _started_fold()
+    assert fold.reaped({"host": "other", "pid": 100, "code": -9, "t": 2.0}) == []
+    assert fold.reaped({"host": "h", "pid": 999, "code": -9, "t": 2.0}) == []
+    assert fold.ranks[0].exit_code is None and fold.ranks[0].state == "running"

@@ -19,6 +19,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from labutils.run.diagnosis import looks_like_victim
 from labutils.run.states import LIVE, RankStatus
 
 
@@ -114,7 +115,9 @@ class AttemptFold:
             return [("fault", ev)]
         if kind == "exception":
             r.exceptions[r.attempt] = ev
-            return self.set_state(r, RankStatus.FAILED)
+            # a peer the launcher's stop ended first took this rank down with it
+            lost_peer = self.stopping and looks_like_victim(ev.get("message", ""))
+            return self.set_state(r, RankStatus.KILLED if lost_peer else RankStatus.FAILED)
         if kind == "debugger":
             if ev.get("state") == "waiting":
                 r.debugger = ev
@@ -126,6 +129,8 @@ class AttemptFold:
             r.debugger = None
             r.exit_code = int(ev.get("code", 0))
             r.exit_event, r.ended_t = ev, ev.get("t")
+            if self.stopping and r.state == RankStatus.KILLED:
+                return []
             return self.set_state(r, RankStatus.DONE if r.exit_code == 0 else RankStatus.FAILED)
         return []
 

@@ -30,7 +30,7 @@ from labutils.run.spec import LaunchSpec, RunRequest
 from labutils.run.states import Ending, RankStatus
 from labutils.run.streams import EndingsTail, EventTail, RankOutput
 from labutils.runtime import runfiles
-from labutils.runtime.procs import free_port, pid_alive
+from labutils.runtime.procs import free_port
 
 _last_result: RunResult | None = None
 
@@ -294,8 +294,8 @@ class Run:
         self.fold.stopping = self.reason not in (Ending.OK, Ending.FAILED)
         if self.shared:
             self.nodes.tell_others_to_stop(self.reason)
-        ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid and pid_alive(r.pid)] \
-            if not self.backend.scheduled else []
+        ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid
+                            and self.backend.rank_alive(r)] if not self.backend.scheduled else []
         self.backend.stop(ranks, self.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
