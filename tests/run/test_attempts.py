@@ -18,6 +18,7 @@ import pytest
 from helpers import DATA
 
 from labutils.run.attempts import AttemptFold, fold_events
+from labutils.run.states import RankStatus
 
 DATA = DATA / "events"
 
@@ -160,3 +161,15 @@ def test_a_reap_of_another_host_or_an_old_attempt_changes_nothing():
     assert fold.reaped({"host": "other", "pid": 100, "code": -9, "t": 2.0}) == []
     assert fold.reaped({"host": "h", "pid": 999, "code": -9, "t": 2.0}) == []
     assert fold.ranks[0].exit_code is None and fold.ranks[0].state == "running"
+
+
+def test_a_hung_rank_stays_hung_whatever_the_stop_after_the_hang_report_makes_it_say():
+    fold = _started_fold()
+    for r in fold.ranks:
+        fold.set_state(r, RankStatus.HUNG)
+    fold.stopping = True
+    fold.apply(0, {"kind": "exception", "t": 3.0, "exc_type": "RuntimeError",
+                   "message": "Connection closed by peer"})
+    fold.apply(0, {"kind": "exit", "t": 3.1, "code": 1})
+    fold.reaped({"host": "h", "pid": 101, "code": -15, "t": 3.2})
+    assert [r.state for r in fold.ranks] == ["hung", "hung"]

@@ -115,6 +115,8 @@ class AttemptFold:
             return [("fault", ev)]
         if kind == "exception":
             r.exceptions[r.attempt] = ev
+            if self.stopping and r.state == RankStatus.HUNG:
+                return []  # the hang report said it; the stop that followed ended it
             # a peer the launcher's stop ended first took this rank down with it
             lost_peer = self.stopping and looks_like_victim(ev.get("message", ""))
             return self.set_state(r, RankStatus.KILLED if lost_peer else RankStatus.FAILED)
@@ -129,7 +131,7 @@ class AttemptFold:
             r.debugger = None
             r.exit_code = int(ev.get("code", 0))
             r.exit_event, r.ended_t = ev, ev.get("t")
-            if self.stopping and r.state == RankStatus.KILLED:
+            if self.stopping and r.state in (RankStatus.KILLED, RankStatus.HUNG):
                 return []
             return self.set_state(r, RankStatus.DONE if r.exit_code == 0 else RankStatus.FAILED)
         return []

@@ -248,7 +248,7 @@ def final_result(run) -> RunResult:
     shown = run.ranks
     if (run.spec.elastic or run.shared) and any(r.pid for r in run.ranks):
         shown = [r for r in run.ranks if r.pid]  # the ranks that ran in some attempt
-    ranks = [RankResult(rank=r.rank, state=r.state, exit_code=r.exit_code, pid=r.pid,
+    ranks = [RankResult(rank=r.rank, state=str(r.state), exit_code=r.exit_code, pid=r.pid,
                         log_dir=run.run_dir, stdout_lines=run.output[r.rank].counts["stdout"],
                         stderr_lines=run.output[r.rank].counts["stderr"],
                         tail=list(run.output[r.rank].combined)[-50:],
@@ -259,7 +259,7 @@ def final_result(run) -> RunResult:
         world_size=run.fold.current.world_size if run.fold.current else run.spec.world_size,
         duration_s=time.monotonic() - run.t0, log_dir=run.run_dir, ranks=ranks,
         records=run.fold.records, failure=failure, hang=run.hang, attempts=run.attempts,
-        reason=run.reason, script=str(run.spec.script), command=run.backend.command,
+        reason=str(run.reason), script=str(run.spec.script), command=run.backend.command,
         commands=run.backend.commands, agent_exit_code=run.backend.exit_code,
         ownership=ownership_mode() if run.backend.agents else None,
         start=run.backend.start_kind, start_reason=run.backend.start_reason,

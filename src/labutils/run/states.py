@@ -1,7 +1,8 @@
 """The states a rank goes through and the ways a run ends, as the JSON summary spells them.
 
 Both are str enums: a member is equal to its value ("done" == RankStatus.DONE), prints
-as it, and is written to JSON as it, so summaries and displays read the same words.
+as it, shows as it in a list (repr), and is written to JSON as it, so summaries,
+displays and a learner's print() of result.ranks read the same words as before.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class RankStatus(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        return repr(self.value)
+
     @property
     def final(self) -> bool:
         return self not in LIVE
@@ -51,3 +55,6 @@ class Ending(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
