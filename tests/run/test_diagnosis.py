@@ -84,7 +84,12 @@ def test_a_rank_that_ended_before_its_peers_lost_it_is_the_root_cause():
                            exit_events={1: exit_event})
     assert (failure.rank, failure.kind, failure.line, failure.victims) == \
         (1, "early_exit", 30, [0, 2])
-    assert "ranks 0, 2 were still in a collective" in failure.message
+    assert "ranks 0, 2 were still running, and lost it in a collective" in failure.message
+    # a victim that torchrun ended before its error was read is named all the same
+    failure = find_failure({2: lost[2]}, {0: -15, 1: 0, 2: 1}, [0, 2], ended_at={1: 10.1},
+                           exit_events={1: exit_event})
+    assert (failure.rank, failure.victims) == (1, [0, 2])
+    assert "ranks 0, 2 were still running" in failure.message
     # a rank that finished after its peers failed is not the cause
     failure = find_failure(lost, {0: 1, 1: 0, 2: 1}, [0, 2], ended_at={1: 10.5})
     assert (failure.rank, failure.kind) == (0, "exception")

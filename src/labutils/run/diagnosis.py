@@ -248,12 +248,15 @@ def find_failure(
         rank, ev = primary[0]
         root = _raised(rank, ev, exit_codes.get(rank))
     elif early is not None:
-        waiting = sorted(r for r, _ in candidates)
+        # Every rank that ended badly after it, not only those whose error was read in
+        # time: torchrun may end the others before they raise, so the set is the victims'.
+        left = sorted((set(failed_ranks) | set(exceptions)) - {early})
         root = Failure(
             rank=early, exc_type="exit 0",
-            message=(f"the script ended (exit code 0) while {rank_list(waiting)} "
-                     f"{verb_for(waiting, 'was', 'were')} still in a collective with it: every rank must "
-                     "make the same collective calls (uneven data, or an early return or break)"),
+            message=(f"the script ended (exit code 0) while {rank_list(left)} "
+                     f"{verb_for(left, 'was', 'were')} still running, and lost it in a collective: "
+                     "every rank must make the same collective calls (uneven data, or an early "
+                     "return or break)"),
             file=None, line=None, traceback="", exit_code=0, kind="early_exit")
         event = exit_events.get(early) or {}
         root.file, root.line, root.source = event.get("file"), event.get("line"), \

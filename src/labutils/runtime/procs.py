@@ -7,12 +7,15 @@ die_with_parent() before anything else.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import random
 import signal
 import socket
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -116,10 +119,43 @@ def die_with_parent(expected_parent: int | None = None) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it; never 29500 by habit)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+    """A TCP port free on every address here, for a store that binds them all.
+
+    The rendezvous store listens on the wildcard address, so a port that is free on
+    `host` alone is not enough: a listener on another address (gloo's, a kernel's) with
+    the same port makes the store's bind fail. The port is drawn below the kernel's
+    ephemeral range, where the ports that other programs bind to port 0 and their
+    outgoing connections come from, so none of them takes it between this check and
+    the store's bind. `host` is kept for callers that name the address the store
+    serves; the check covers it. Never 29500 by habit.
+    """
+    low, _ = _ephemeral_range()
+    for _ in range(64 if low > 2048 else 0):
+        port = random.randrange(max(1024, low - 12000), low)
+        if _bindable(port, host):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: the OS picks
+        sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int, host: str) -> bool:
+    for address in ("", host):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:  # not an address here: nothing to clash
+                    return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:
