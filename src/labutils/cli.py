@@ -144,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _grade_parser(sub)
     _debug_parser(sub)
     from labutils.cluster import kubernetes, slurm
-    from labutils.grading import export, gradescope, release
+    from labutils.grading import export, gradescope, release, wrongfix
 
-    for module in (release, gradescope, export, kubernetes, slurm):
+    for module in (release, wrongfix, gradescope, export, kubernetes, slurm):
         module.add_subcommand(sub)
     return parser
 

@@ -1,0 +1,53 @@
+"""Every lab's catalogue of wrong fixes (labs/<lab>/wrong_fixes.py): each one graded by the
+lab's checks, hidden ones included, must stay below its bound and the pass mark.
+
+The checks run alone on each wrong fix (the notebook adds nothing to what they measure,
+and its points are counted as earned), and stop once the verdict is certain:
+`labutils wrongfixes LAB --full` runs every check.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import REPO
+
+from labutils.errors import GradingError
+from labutils.grading.batch import lab_files
+from labutils.grading.release import learner_files
+from labutils.grading.wrongfix import WRONG_FIXES_FILE, WrongFix, apply, catalogue, score
+
+LABS = sorted(p.parent.name for p in (REPO / "labs").glob("*/lab.json"))
+CATALOGUED = [lab for lab in LABS if (REPO / "labs" / lab / WRONG_FIXES_FILE).is_file()]
+CASES = [pytest.param(lab, fix.name, id=f"{lab}-{i}")
+         for lab in CATALOGUED for i, fix in enumerate(catalogue(REPO / "labs" / lab))]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("lab", "name"), CASES)
+def test_a_wrong_fix_stays_below_its_bound(lab, name, tmp_path):
+    fix = next(f for f in catalogue(REPO / "labs" / lab) if f.name == name)
+    scored = score(REPO / "labs" / lab, fix, scratch=tmp_path)
+    assert not scored.error, scored.error
+    assert scored.caught, (f"{lab}: the wrong fix {name!r} scores {scored.fraction:.3f}, not "
+                           f"below {scored.bound:g}: {scored.checks}")
+
+
+def test_the_catalogue_is_the_instructors_only():
+    for lab in CATALOGUED:
+        folder = REPO / "labs" / lab
+        assert WRONG_FIXES_FILE not in lab_files(folder)       # not sent to the grader
+        assert WRONG_FIXES_FILE not in learner_files(folder)   # not in a learner's copy
+
+
+def test_an_edit_that_no_longer_fits_the_solution_is_refused(tmp_path):
+    lab = REPO / "labs" / "07_resume_after_kill"
+    gone = WrongFix("stale", why="", edits={"train.py": [("no such line", "x")]})
+    with pytest.raises(GradingError, match="occurs 0 times"):
+        apply(gone, lab, tmp_path)
+    with pytest.raises(GradingError, match="base must be one of"):
+        WrongFix("odd base", why="", edits={"train.py": [("a", "b")]}, base="elsewhere")
+    edited = apply(WrongFix("fine", why="", edits={"train.py": [
+        ('start = checkpoint["step"] + 1', 'start = checkpoint["step"]')]}), lab, tmp_path / "c")
+    assert 'start = checkpoint["step"]  #' in (edited / "train.py").read_text()
+    assert not (edited / "hidden_checks.py").exists()
