@@ -33,12 +33,25 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_slot() -> tuple[int, int]:
+    """(this rank's place among the ranks on this machine, how many there are).
+
+    torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE count one agent's ranks; a run of several
+    agents on one machine (launch(local_agents=N)) has N agents' ranks sharing its GPUs.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    per_agent = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    index, _, count = os.environ.get(runfiles.ENV_LOCAL_AGENT, "0/1").partition("/")
+    return int(index) * per_agent + local_rank, int(count or 1) * per_agent
+
+
 def pick_backend(backend: str = "auto", *, local_world_size: int | None = None) -> str:
-    """The backend to use: nccl when every local rank can have its own GPU, else gloo.
+    """The backend to use: nccl when every rank on this machine can have its own GPU,
+    else gloo.
 
     Args:
         backend: "auto", "gloo" or "nccl".
-        local_world_size: ranks on this machine; defaults to LOCAL_WORLD_SIZE.
+        local_world_size: ranks on this machine; defaults to every local agent's ranks.
     """
     import torch
 
@@ -47,7 +60,7 @@ def pick_backend(backend: str = "auto", *, local_world_size: int | None = None) 
             "backend", expected="'auto', 'gloo' or 'nccl'", given=backend,
             fix="pass backend='auto' to pick nccl on GPUs and gloo otherwise",
         )
-    n_local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    n_local = local_world_size or local_slot()[1]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
         return "nccl" if gpus >= n_local and gpus > 0 and torch.distributed.is_nccl_available() else "gloo"
@@ -63,9 +76,9 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
     """Join the process group and pick this rank's device.
 
     Args:
-        backend: "auto" (nccl + cuda:LOCAL_RANK when there is a GPU per local rank,
-            else gloo + cpu), "gloo" or "nccl"; None: what launch(backend=...) asked
-            for, else "auto".
+        backend: "auto" (nccl and a GPU of its own for each rank on this machine when
+            there are enough GPUs, else gloo + cpu), "gloo" or "nccl"; None: what
+            launch(backend=...) asked for, else "auto".
         timeout_s: collective timeout in seconds; torch's default when None.
 
     Returns:
@@ -79,7 +92,7 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
     chosen = pick_backend(backend or os.environ.get(runfiles.ENV_BACKEND) or "auto")
     device = torch.device("cpu")
     if chosen == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", local_slot()[0])
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"backend": chosen}

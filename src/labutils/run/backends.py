@@ -156,7 +156,8 @@ class LocalAgents(Backend):
                 self._commands()
                 note(f"starting cold: {exc}")
         for agent in self.agents:
-            agent_env = {**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index)}
+            agent_env = {**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index),
+                         runfiles.ENV_LOCAL_AGENT: f"{agent.index}/{self.spec.local_agents}"}
             if server is not None:
                 # the keeper's arguments: its command without "python -m labutils.runtime.agent"
                 agent.proc = server.start(agent.command[3:], agent_env, agent.log_path)

@@ -215,12 +215,13 @@ def make_spec(
     conf = check_rdzv_conf(rdzv_conf)
     path = check_script(script)
     if backend == "nccl":
-        gpus = gpu_count()
-        if gpus < nproc:
+        gpus, here = gpu_count(), nproc * (1 if multinode else agents)
+        if gpus < here:
+            given = f"nproc={nproc}" + (f" x local_agents={agents}" if here > nproc else "")
             raise LaunchConfigError(
-                "backend", expected=f"{nproc} GPUs for nccl with nproc={nproc}",
+                "backend", expected=f"{here} GPUs for nccl with {given} on this machine",
                 given=f"nccl with {gpus} GPU(s)",
-                fix="use backend='gloo' or 'auto', or lower nproc to the number of GPUs",
+                fix="use backend='gloo' or 'auto', or fewer ranks on this machine than GPUs",
             )
     return LaunchSpec(script=path, nproc=nproc, args=arg_list, backend=backend,
                       hang_timeout=hang or None, timeout=wall, max_restarts=max_restarts,

@@ -60,6 +60,7 @@ READ_AT_RUN = ("TORCHELASTIC_", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_DIS
                "TORCH_NCCL_", "TORCH_GLOO_")
 # The launcher's variables of one run: never part of a server's own environment.
 PER_RUN = (runfiles.ENV_RUN_DIR, runfiles.ENV_PARENT_PID, runfiles.ENV_AGENT_INDEX,
+           runfiles.ENV_LOCAL_AGENT,
            runfiles.ENV_AGENT_PID, runfiles.ENV_NODE, runfiles.ENV_FAULT, runfiles.ENV_BACKEND,
            runfiles.ENV_LINK)
 

@@ -40,6 +40,9 @@ ENV_AGENT_PID = "LABUTILS_AGENT_PID"  # the torchrun agent (set by the keeper's 
 ENV_PARENT_PID = "LABUTILS_PARENT_PID"  # the launcher that started the keeper
 ENV_BACKEND = "LABUTILS_BACKEND"  # launch(backend=...): labutils.dist.init() reads it
 ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
+# "I/N": this rank's agent is the I-th of the N agents on this machine (local_agents=N):
+# ranks of all N share the machine's GPUs, so labutils.dist.init() counts them all.
+ENV_LOCAL_AGENT = "LABUTILS_LOCAL_AGENT"
 # Which launcher (host and pid) started this rank: in a multi-node job several launchers,
 # one per machine, share a run folder and each one signals only its own ranks.
 ENV_NODE = "LABUTILS_NODE"

@@ -1,0 +1,69 @@
+"""Run lesson notebooks top to bottom with nbclient and say how each went.
+
+    python scripts/run_notebooks.py lessons/00_first_distributed_run.ipynb ... [--out DIR]
+
+For a machine without the project's venv (a GPU machine with its own torch): put src/ on
+PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell)
+and, with --out, writes each executed notebook and a JSON summary there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+
+def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.monotonic()
+    status, error, cell = "ok", "", None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        status, error = "error", (str(exc).strip().splitlines() or [""])[-1]
+    except DeadKernelError as exc:
+        status, error = "kernel died", str(exc)
+    except Exception as exc:  # noqa: BLE001 - any other way the run broke is reported
+        status, error = "broke", f"{type(exc).__name__}: {exc}"
+    for index, c in enumerate(nb.cells):
+        if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+            cell = index
+            break
+    return {"notebook": path.name, "seconds": round(time.monotonic() - t0, 1), "status": status,
+            "error": error[:500], "cell": cell}, nb
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("notebooks", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    ns = p.parse_args()
+    results = []
+    for path in ns.notebooks:
+        result, nb = run(path.resolve(), ns.timeout)
+        results.append(result)
+        print(f"{result['notebook']}: {result['status']} in {result['seconds']} s"
+              + (f" (cell {result['cell']}: {result['error']})" if result["status"] != "ok" else ""),
+              flush=True)
+        if ns.out:
+            ns.out.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, ns.out / path.name)
+    if ns.out:
+        (ns.out / "summary.json").write_text(json.dumps(
+            {"python": sys.version.split()[0], "cpus": os.cpu_count(), "results": results}, indent=2))
+    return 0 if all(r["status"] == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
