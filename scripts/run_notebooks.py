@@ -35,12 +35,18 @@ def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
         status, error = "kernel died", str(exc)
     except Exception as exc:  # noqa: BLE001 - any other way the run broke is reported
         status, error = "broke", f"{type(exc).__name__}: {exc}"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    ran = sum(1 for c in code if c.get("execution_count"))
     for index, c in enumerate(nb.cells):
         if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
             cell = index
             break
+    note = ""
+    if status == "broke" and cell is None and ran == len(code):
+        # every cell ran without an error: what broke was shutting the kernel down
+        status, note, error = "ok", f"after the last cell: {error}", ""
     return {"notebook": path.name, "seconds": round(time.monotonic() - t0, 1), "status": status,
-            "error": error[:500], "cell": cell}, nb
+            "error": error[:500], "cell": cell, "cells_run": f"{ran}/{len(code)}", "note": note}, nb
 
 
 def main() -> int:
