@@ -176,9 +176,17 @@ def test_the_autograder_zip_grades_a_solution_and_a_starter_in_a_relocated_root(
              ("starter", "tiny", _tiny_lab(tmp_path / "t").parent, _tiny_lab(tmp_path / "t2")))
     for kind, lab, labs, folder in cases:
         sub = tmp_path / kind / "submitted"
-        shutil.copytree(folder, sub, ignore=shutil.ignore_patterns("checks.py", HIDDEN_CHECKS_FILE,
-                                                                    "lab.json", "runs"))
-        runs[kind] = _gradescope_run(_autograder_root(tmp_path / kind, labs / lab, sub))
+        # the solution as Gradescope unpacks a zipped folder: one folder down; the starter
+        # as loose files
+        inner = sub / "my-lab-06" if kind == "solution" else sub
+        shutil.copytree(folder, inner, ignore=shutil.ignore_patterns(
+            "checks.py", HIDDEN_CHECKS_FILE, "lab.json", "runs"))
+        root = _autograder_root(tmp_path / kind, labs / lab, sub)
+        (root / "submission_metadata.json").write_text(json.dumps(
+            {"created_at": "2026-11-20T10:00:00.0+00:00",
+             "assignment": {"due_date": "2026-11-19T23:59:00.0+00:00"},
+             "users": [{"name": "Ada Lovelace", "email": "ada@example.org"}]}))
+        runs[kind] = _gradescope_run(root)
     for data in runs.values():   # Gradescope's results.json
         assert isinstance(data["score"], float) and data["execution_time"] > 0
         assert data["max_score"] == sum(t["max_score"] for t in data["tests"])
@@ -186,9 +194,71 @@ def test_the_autograder_zip_grades_a_solution_and_a_starter_in_a_relocated_root(
             assert {"name", "score", "max_score", "status", "output", "visibility"} <= set(t)
             assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITY
         assert any(t["visibility"] != "visible" for t in data["tests"]), "hidden checks ran"
+        # the output is visible at once: no total that counts the held-back checks
+        held = sum(t["max_score"] for t in data["tests"] if t["visibility"] != "visible")
+        first = data["output"].splitlines()[0]
+        assert held and f"/{data['max_score']:g}" not in first and "shown now" in first, first
+        assert "Submitted by Ada Lovelace (late)." in data["output"]
+        assert data["extra_data"]["late"] is True
     assert runs["solution"]["score"] == runs["solution"]["max_score"]
     assert not runs["starter"]["extra_data"]["passed"]
     assert runs["starter"]["score"] < 0.6 * runs["starter"]["max_score"]
+
+
+def test_the_submitted_notebook_is_found_where_the_upload_put_it(tmp_path):
+    lab = REPO / "labs" / "06_distributed_evaluation"
+    name = load_lab(lab).config["notebook"]
+    loose = tmp_path / "loose"
+    (loose / ".ipynb_checkpoints").mkdir(parents=True)
+    for path in (loose / name, loose / ".ipynb_checkpoints" / name):
+        path.write_text("{}")
+    assert gradescope.find_submission(loose, lab) == loose
+    nested = tmp_path / "nested"
+    (nested / "repo" / "lab06").mkdir(parents=True)
+    (nested / "repo" / "lab06" / name).write_text("{}")
+    (nested / "repo" / "scratch.ipynb").write_text("{}")   # the lab's notebook wins
+    assert gradescope.find_submission(nested, lab) == nested / "repo" / "lab06"
+    two = tmp_path / "two"
+    for sub in ("a", "b"):
+        (two / sub).mkdir(parents=True)
+        (two / sub / name).write_text("{}")
+    with pytest.raises(GradingError, match=f"2 notebooks in the submission .*upload one {name}"):
+        gradescope.find_submission(two, lab)
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "train.py").write_text("")
+    with pytest.raises(GradingError, match="no notebook in the submission"):
+        gradescope.find_submission(tmp_path / "none", lab)
+
+
+def test_submission_metadata_gives_the_names_and_the_late_flag(tmp_path):
+    path = tmp_path / "submission_metadata.json"
+    assert gradescope.read_metadata(path) == {}   # missing: grading goes on without it
+    path.write_text(json.dumps({"created_at": "2026-11-19T09:00:00.0-05:00",
+                                "assignment": {"due_date": "2026-11-19T23:59:00.0+00:00"},
+                                "users": [{"name": "Ada"}, {"email": "b@example.org"}]}))
+    assert gradescope.read_metadata(path) == {"names": ["Ada", "b@example.org"], "late": False}
+    path.write_text("not json")
+    assert gradescope.read_metadata(path) == {}
+
+
+def test_the_setup_script_installs_python3_venv_when_ensurepip_is_missing(tmp_path):
+    """Ubuntu's python3 without python3-venv: `venv --help` works, ensurepip is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt.log\n')
+    (bin_dir / "fake-python").write_text(
+        '#!/bin/sh\ncase "$*" in\n  *ensurepip*) exit 1 ;;\n  *"-m venv --help"*) exit 0 ;;\n'
+        '  *"-m venv"*) exit 3 ;;\n  *) exit 0 ;;\nesac\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "setup.sh"
+    script.write_text(gradescope.SETUP_SH)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": "fake-python",
+           gradescope.ROOT_ENV: str(tmp_path / "autograder")}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 3, out.stderr   # it went on to make the venv
+    assert "install -y -qq python3-venv" in (tmp_path / "apt.log").read_text()
 
 
 def test_an_empty_submission_still_gets_a_results_json(tmp_path):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from labutils.errors import GradingError
 from labutils.grading.batch import grade, load_lab
-from labutils.grading.report import write_atomic
+from labutils.grading.report import gradescope_results, write_atomic
 
 ROOT_ENV = "AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
@@ -51,7 +51,9 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
          "choose Gradescope's Ubuntu 24.04 base image, or set PYTHON" >&2
     exit 1
 fi
-if ! "$PYTHON" -m venv --help >/dev/null 2>&1 && command -v apt-get >/dev/null; then
+# Ubuntu's python3 has the venv module but not ensurepip without python3-venv, so
+# `python3 -m venv --help` succeeds and the venv itself then fails: test ensurepip.
+if ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1 && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3-venv
 fi
 "$PYTHON" -m venv "$ROOT/venv"
@@ -108,17 +110,58 @@ def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, *, executable: bool 
     zf.writestr(info, data)
 
 
+def find_submission(folder: Path, lab: Path) -> Path:
+    """The folder that holds the submitted notebook: the upload itself, or the one folder
+    below it that holds it (a zipped folder, a repository). Raises GradingError when none
+    or several do."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        raise GradingError("the submission is empty: upload the lab's notebook and the "
+                           "scripts you changed")
+    notebook = load_lab(lab).config["notebook"]
+    found = sorted(p for p in folder.rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts and "__MACOSX" not in p.parts)
+    named = [p for p in found if p.name == notebook]
+    chosen = named or found
+    if len(chosen) == 1:
+        return chosen[0].parent
+    shown = ", ".join(str(p.relative_to(folder)) for p in chosen[:5])
+    if not chosen:
+        raise GradingError(f"no notebook in the submission: upload {notebook} and the scripts "
+                           "you changed")
+    raise GradingError(f"{len(chosen)} notebooks in the submission ({shown}): upload one "
+                       f"{notebook}, with the scripts you changed next to it")
+
+
+def read_metadata(path: Path) -> dict:
+    """Who submitted and whether it was late, from Gradescope's submission_metadata.json
+    ({} when it is missing or unreadable: grading does not depend on it)."""
+    from datetime import datetime
+
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    names = [u.get("name") or u.get("email") or "" for u in meta.get("users") or []]
+    late = False
+    try:
+        created = datetime.fromisoformat(str(meta["created_at"]))
+        due = datetime.fromisoformat(str(meta["assignment"]["due_date"]))
+        late = created > due
+    except (KeyError, TypeError, ValueError):
+        pass
+    return {"names": [n for n in names if n], "late": late}
+
+
 def run(root: Path) -> dict:
     """Grade root/submission against root/source/lab; write root/results/results.json."""
     results_path = root / "results" / "results.json"
     lab, submission = root / "source" / "lab", root / "submission"
     with tempfile.TemporaryDirectory(prefix="labutils-gradescope-") as tmp:
         try:
-            if not submission.is_dir() or not any(submission.iterdir()):
-                raise GradingError("the submission is empty: upload the lab's notebook and "
-                                   "the scripts you changed")
-            result = grade(lab, [submission], out_dir=Path(tmp), jobs=1, progress=print)[0]
-            data = json.loads((Path(tmp) / result["name"] / "results.json").read_text())
+            folder = find_submission(submission, lab)
+            result = grade(lab, [folder], out_dir=Path(tmp), jobs=1, progress=print)[0]
+            result["metadata"] = read_metadata(root / "submission_metadata.json")
+            data = gradescope_results(result)
         except GradingError as exc:
             data = {"score": 0.0, "output": f"The submission could not be graded: {exc}",
                     "visibility": "visible", "tests": []}

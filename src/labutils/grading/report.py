@@ -45,9 +45,23 @@ def totals(tests: list[dict]) -> tuple[float, float]:
 def gradescope_results(result: dict) -> dict:
     """The submission's result in the Gradescope autograder format."""
     score, max_score = totals(result["tests"])
-    verdict = "passed" if result["passed"] else "below the pass mark"
-    lines = [f"{result['lab_title']}: {score:g}/{max_score:g} ({verdict}, pass mark "
-             f"{result['pass_mark']:.0%})."]
+    shown = [t for t in result["tests"] if t.get("visibility", "visible") == "visible"]
+    held = [t for t in result["tests"] if t not in shown and t["max_score"]]
+    if held:  # the output is visible at once: no total, no verdict that counts them
+        seen, seen_max = totals(shown)
+        lines = [f"{result['lab_title']}: {seen:g}/{seen_max:g} on the checks shown now; "
+                 f"{len(held)} more check{'s' if len(held) > 1 else ''} worth "
+                 f"{sum(t['max_score'] for t in held):g} points "
+                 f"{'are' if len(held) > 1 else 'is'} graded too and shown later "
+                 f"({'; '.join(sorted({WHEN_SHOWN[t['visibility']] for t in held}))})."]
+    else:
+        verdict = "passed" if result["passed"] else "below the pass mark"
+        lines = [f"{result['lab_title']}: {score:g}/{max_score:g} ({verdict}, pass mark "
+                 f"{result['pass_mark']:.0%})."]
+    meta = result.get("metadata") or {}
+    if meta.get("names"):
+        lines.append(f"Submitted by {', '.join(meta['names'])}"
+                     + (" (late)." if meta.get("late") else "."))
     if result.get("grader_error"):
         lines.append(f"The grader could not grade this submission properly: {result['grader_error']}")
     if result.get("integrity"):
@@ -69,6 +83,8 @@ def gradescope_results(result: dict) -> dict:
             "pass_mark": result["pass_mark"], "notebook": result.get("notebook", {}),
             "integrity": result.get("integrity", []), "sandbox": result.get("sandbox", {}),
             "runs": result.get("runs", []), "grader_error": result.get("grader_error", ""),
+            **({"late": bool(meta.get("late")), "submitted_by": meta.get("names", [])}
+               if meta else {}),
         },
     }
 
