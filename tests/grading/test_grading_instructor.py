@@ -10,6 +10,7 @@ Canvas and per-check exports.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import shutil
@@ -355,3 +356,69 @@ def test_labutils_export_writes_a_canvas_gradebook_csv(tmp_path):
                           "--assignment", "Lab 01", "--match", "Email"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no column 'Email'" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def _canvas_zip(path: Path, files: dict[str, str]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_a_canvas_download_is_unpacked_one_folder_per_learner(tmp_path):
+    zip_path = _canvas_zip(tmp_path / "submissions.zip", {
+        "leeann_101_9001_tiny.ipynb": "{}", "leeann_101_9002_answer-1.txt": "42\n",
+        "ngbob_LATE_102_9003_answer.txt": "41\n", "ngbob_LATE_102_9004_notes-2.txt": "x"})
+    folders = export.unpack_canvas(zip_path, tmp_path / "subs", ["tiny.ipynb", "answer.txt"],
+                                   tmp_path)
+    assert [f.name for f in folders] == ["101", "102"]
+    assert sorted(p.name for p in folders[0].iterdir()) == ["answer.txt", "tiny.ipynb"]
+    assert sorted(p.name for p in folders[1].iterdir()) == ["answer.txt", "notes-2.txt"]
+    assert json.loads((tmp_path / export.CANVAS_INDEX).read_text()) == {
+        "101": {"student": "leeann", "late": False}, "102": {"student": "ngbob", "late": True}}
+    bad = _canvas_zip(tmp_path / "other.zip", {"my_lab/tiny.ipynb": "{}"})
+    with pytest.raises(GradingError, match="expected Canvas's Download Submissions zip"):
+        export.unpack_canvas(bad, tmp_path / "subs2", ["tiny.ipynb"], tmp_path)
+
+
+def test_the_export_scales_points_marks_complete_and_zeroes_missing_work():
+    results = _results({"ann": {"a": 2, "b": 1}, "bob": {"a": 2, "b": 2}})
+    results["ann"]["extra_data"]["passed"], results["bob"]["extra_data"]["passed"] = False, True
+    roster = list(csv.DictReader(io.StringIO(ROSTER)))[1:]
+    rows = lambda text: [r[-1] for r in csv.reader(io.StringIO(text))][1:]  # noqa: E731
+    text, _, absent = export.canvas_csv(results, roster, "Lab", match="SIS Login ID", points=10)
+    assert rows(text) == ["10", "7.5", "10"] and absent == ["Roy, Dee"]
+    text, _, _ = export.canvas_csv(results, roster, "Lab", match="SIS Login ID", complete=True,
+                                   missing_zero=True)
+    assert rows(text) == ["", "incomplete", "complete", "incomplete"]
+    text, _, _ = export.canvas_csv(results, roster, "Lab", match="SIS Login ID", missing_zero=True)
+    assert rows(text) == ["4", "3", "4", "0"]
+    with pytest.raises(GradingError, match="--points -1"):
+        export.canvas_csv(results, roster, "Lab", match="SIS Login ID", points=-1)
+
+
+@pytest.mark.slow
+def test_a_canvas_zip_is_graded_and_exported_on_the_learners_canvas_ids(tmp_path):
+    lab = _tiny_lab(tmp_path)
+    notebook = (lab / "tiny.ipynb").read_text()
+    zip_path = _canvas_zip(tmp_path / "submissions.zip", {
+        "leeann_101_9001_tiny.ipynb": notebook, "leeann_101_9002_answer-1.txt": "42\n",
+        "ngbob_LATE_102_9003_tiny.ipynb": notebook, "ngbob_LATE_102_9004_answer.txt": "41\n"})
+    out = subprocess.run([*LABUTILS, "grade", str(lab), str(zip_path), "--out",
+                          str(tmp_path / "grades"), "--jobs", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    out = subprocess.run([*LABUTILS, "export", str(tmp_path / "grades"), "--roster",
+                          str(tmp_path / "roster.csv"), "--assignment", "Lab 01 (77)",
+                          "--points", "7", "--missing-zero"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "late: 102" in out.stdout
+    rows = list(csv.reader((tmp_path / "grades" / "canvas.csv").open()))
+    # matched on Canvas's user id (the roster's ID); scaled to 7 points (Bob: 2.5 of 4.5,
+    # the notebook and the hidden check); Dee sent nothing
+    assert rows[1:] == [["Points Possible", "", "", "", "", "7"],
+                        ["Lee, Ann", "101", "S1", "ann", "Tue", "7"],
+                        ["Ng, Bob", "102", "S2", "bob", "Tue", "3.89"],
+                        ["Roy, Dee", "104", "S4", "dee", "Wed", "0"]]

@@ -268,7 +268,8 @@ def grade(
 
     Args:
         lab: the lab folder (lab.json, the notebook, the scripts, checks.py).
-        submissions: notebooks (their folder holds the scripts) or folders.
+        submissions: notebooks (their folder holds the scripts), folders, or Canvas's
+            "Download Submissions" zip (one folder per learner, named by user id).
         out_dir: where results go.
         jobs: submissions graded at the same time.
         timeout: wall-clock seconds for each notebook, start to end (default: the
@@ -284,6 +285,14 @@ def grade(
     missing = [str(s) for s, p in zip(submissions, paths) if not p.exists()]
     if missing:
         raise GradingError(f"submission not found: {', '.join(missing)}")
+    if any(p.suffix == ".zip" for p in paths):  # Canvas's Download Submissions zip
+        from labutils.grading.export import unpack_canvas
+
+        expected = [the_lab.config["notebook"], *the_lab.config.get("edit", [])]
+        paths = [q for p in paths for q in (
+            unpack_canvas(p, Path(out_dir).resolve() / "submissions" / p.stem, expected,
+                          Path(out_dir).resolve())
+            if p.suffix == ".zip" else [p])]
     if not paths:
         raise GradingError("no submission given")
     if not whole_number(jobs) or jobs < 1:
