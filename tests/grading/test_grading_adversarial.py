@@ -8,8 +8,10 @@ the batch stays quick and every misbehaviour meets the whole pipeline.
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import secrets
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -242,3 +244,60 @@ def test_interrupting_the_grader_leaves_nothing_behind(tiny_lab, tmp_path):
     assert grader.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers() == []
+
+
+SECRET = f"the-hidden-answer-{secrets.token_hex(4)}"
+PEEK = '''
+def peek(path):
+    try:
+        with open(path) as f:
+            return "read: " + f.read()[-200:]
+    except OSError as exc:
+        return f"refused: {type(exc).__name__}"
+'''
+
+
+def test_learner_code_cannot_read_the_hidden_checks_or_the_solutions(tiny_lab, tmp_path):
+    """In the notebook and in the checks' runs, the learner's code finds the lab folder and
+    the course's solutions covered: reading them is a permission error, though the hidden
+    checks run (the runner gets them on stdin). As root the grader also runs that code as
+    a user of its own, where that user can reach the Python installation."""
+    lab = tmp_path / "course" / "labs" / "tiny"
+    shutil.copytree(tiny_lab, lab)
+    (lab / "hidden_checks.py").write_text(textwrap.dedent(f'''
+        from labutils.grading import check
+
+        # {SECRET}
+
+
+        @check("What work.py could read", points=1, visibility="after_published")
+        def peeks(c):
+            run = c.run("work.py", 1)
+            if c.completed(run, "1 rank"):
+                c.expect(True, "1 rank", measured=run.values("peek"))
+    '''))
+    solutions = tmp_path / "course" / "solutions" / "tiny"
+    solutions.mkdir(parents=True)
+    (solutions / "work.py").write_text(f"# {SECRET}\n")
+    targets = [str(lab / "hidden_checks.py"), str(solutions / "work.py")]
+    sub = tmp_path / "subs" / "curious"
+    sub.mkdir(parents=True)
+    (sub / "work.py").write_text(PEEK + "from labutils.dist import report\n"
+                                 f"report(answer=42, peek=[peek(p) for p in {targets!r}])\n")
+    (sub / "tiny.ipynb").write_text(_notebook(PEEK + f"for p in {targets!r}:\n    print(peek(p))"))
+    result = grade(lab, [sub], out_dir=tmp_path / "out", jobs=1, timeout=NOTEBOOK_TIMEOUT,
+                   progress=None)[0]
+    assert not result.get("grader_error"), result
+    sandbox = result["sandbox"]
+    if "mount" not in sandbox.get("namespaces", []):
+        pytest.skip(f"no mount namespace here: {sandbox}")
+    assert sorted(sandbox["hidden"]) == sorted([str(lab), str(solutions.parent)]), sandbox
+    if os.geteuid() == 0:   # a user of its own, or root without capabilities, and why
+        assert sandbox["user"].startswith(("uid ", "root (")), sandbox
+        assert sandbox["capabilities"] == "all dropped", sandbox
+    executed = (tmp_path / "out" / "curious" / "executed.ipynb").read_text()
+    assert executed.count("refused: PermissionError") == 2 and SECRET not in executed
+    peeked = next(t for t in result["tests"] if t["name"] == "What work.py could read")
+    assert peeked["status"] == "passed", peeked   # the hidden check itself ran
+    assert peeked["output"].count("refused: PermissionError") == 2, peeked["output"]
+    assert SECRET not in json.dumps(result)

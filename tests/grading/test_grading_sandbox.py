@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +67,46 @@ def test_sandbox_without_namespaces_still_limits(tmp_path):
     facts, enforced = _sandboxed(tmp_path, isolate=False)
     assert enforced["namespaces"] == [] and facts["write"] == "ok"
     assert facts["as"] == 1 << 30 and "memory per process <= 1073741824" in enforced["limits"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a command as another user")
+def test_root_runs_the_command_as_the_given_user_with_hidden_paths_covered():
+    tmp_path = Path(tempfile.mkdtemp(prefix="labutils-sandbox-"))   # pytest's are closed
+    try:
+        _as_another_user(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _as_another_user(tmp_path: Path) -> None:
+    secret_dir, work = tmp_path / "solutions", tmp_path / "work"
+    secret_dir.mkdir()
+    (secret_dir / "answer.py").write_text("42")
+    (tmp_path / "hidden_checks.py").write_text("42")
+    work.mkdir()
+    work.chmod(0o777)
+    stub = tmp_path / "stub"
+    stub.touch(mode=0o000)
+    tmp_path.chmod(0o755)
+    for parent in tmp_path.parents:
+        if not parent.stat().st_mode & 0o001:
+            pytest.skip(f"{parent} cannot be entered by other users")
+    spec = {"cwd": str(work), "isolate": True, "user": [45678, 45678], "hide_stub": str(stub),
+            "hide": [str(secret_dir), str(tmp_path / "hidden_checks.py")],
+            "report": str(tmp_path / "enforced.json")}
+    script = (f"id -u; cat {tmp_path}/hidden_checks.py; ls {secret_dir}; "
+              f"cat {secret_dir}/answer.py; touch mine; echo done")
+    out = subprocess.run([sys.executable, "-m", "labutils.grading.sandbox", json.dumps(spec), "--",
+                          "/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    enforced = json.loads((tmp_path / "enforced.json").read_text())
+    if "mount" not in enforced["namespaces"]:
+        pytest.skip(f"this machine refuses namespaces: {enforced.get('namespaces_error')}")
+    assert out.stdout.split() == ["45678", "done"], out.stdout + out.stderr
+    assert out.stderr.count("Permission denied") == 3, out.stderr
+    assert enforced["user"] == "uid 45678" and enforced["capabilities"] == "all dropped"
+    assert sorted(enforced["hidden"]) == sorted(spec["hide"])
+    assert (work / "mine").stat().st_uid == 45678
+    assert (tmp_path / "hidden_checks.py").read_text() == "42"   # covered, never changed
 
 
 def test_kill_everything_reaches_escaped_processes():

@@ -168,11 +168,24 @@ class Batch:
         self.isolate = isolate
         self.limits = {**DEFAULT_LIMITS, **lab.config.get("limits", {})}
         self.tmp = Path(tempfile.mkdtemp(prefix="labutils-grade-"))
+        self.tmp.chmod(0o711)   # a submission's own user reaches its folder, lists none
         self.lock = threading.Lock()
         self.results: dict[str, dict] = {}
         self.executed: dict[str, bytes | None] = {}
         self.order: list[str] = []
         self.live: dict[str, tuple[subprocess.Popen, str]] = {}  # name -> (supervisor, tag)
+
+    def hidden_paths(self) -> list[str]:
+        """What a submission's code must not read: the lab folder (hidden checks, the
+        wrong-fix catalogue; the grader sends the sandbox what it needs) and the course's
+        solutions, unless one holds what the sandbox runs on (Python, labutils)."""
+        import labutils
+
+        needed = [Path(sys.prefix).resolve(), Path(labutils.__file__).resolve().parent,
+                  self.tmp.resolve()]
+        course = self.lab.folder.parent.parent
+        return [str(p) for p in (self.lab.folder, course / "solutions")
+                if p.exists() and not any(n == p or p in n.parents for n in needed)]
 
     def readonly_paths(self, sources: list[Path]) -> list[str]:
         import labutils
@@ -192,6 +205,7 @@ class Batch:
                 rel: base64.b64encode(data).decode() for rel, data in self.lab.files.items()}},
             "checks": self.lab.checks, "limits": self.limits, "timeout": self.timeout,
             "checks_timeout": self.checks_timeout, "isolate": self.isolate, "readonly": readonly,
+            "hide": self.hidden_paths(),
         }
         log_path = self.tmp / "jobs" / f"{name}.supervisor.log"
         with open(log_path, "wb") as log:

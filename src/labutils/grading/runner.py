@@ -22,29 +22,42 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import linecache
 import os
 import subprocess
 import sys
 import threading
 import time
+import types
 from importlib.abc import Loader
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import IO, cast
 
 from labutils.grading.checks import Checker, CheckResult, collect_checks, run_check
+from labutils.runtime.procs import make_undumpable
 
 CHECKS_FILE = "checks.py"
 HIDDEN_CHECKS_FILE = "hidden_checks.py"   # the grader's only: never in a learner's copy
 
 
-def load_checks(checks_dir: Path, file: str = CHECKS_FILE):
+def load_checks(checks_dir: Path, file: str = CHECKS_FILE, *, source: str | None = None):
     """Import DIR/checks.py (or another file of checks) under a private name, with DIR
-    first on the import path."""
+    first on the import path; with `source`, the file's text as given (the grader hands
+    the hidden checks over that way, so the sandbox never holds them as a file)."""
     path = Path(checks_dir) / file
+    folder = str(Path(checks_dir).resolve())
+    if source is not None:
+        if folder not in sys.path[:1]:
+            sys.path.insert(0, folder)
+        module = types.ModuleType(f"labutils_lab_{Path(file).stem}")
+        module.__file__ = str(path)
+        # inspect (the checks' order and lines) reads the text from linecache, not the file
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+        exec(compile(source, str(path), "exec"), module.__dict__)   # the lab's own checks
+        return module
     if not path.is_file():
         raise FileNotFoundError(f"no {file} in {checks_dir}")
-    folder = str(Path(checks_dir).resolve())
     if folder not in sys.path[:1]:
         sys.path.insert(0, folder)
     # a .py file that exists: a spec with a loader
@@ -58,27 +71,28 @@ def load_checks(checks_dir: Path, file: str = CHECKS_FILE):
 _LOADING = threading.Lock()  # one lab's checks at a time: they share sys.modules["checks"]
 
 
-def lab_checks(checks_dir: Path, *, hidden: bool) -> list:
-    """The lab's @check functions: checks.py's, then (hidden=True) hidden_checks.py's,
-    each marked hidden."""
+def lab_checks(checks_dir: Path, *, hidden: bool, hidden_source: str | None = None) -> list:
+    """The lab's @check functions: checks.py's, then (hidden=True) hidden_checks.py's
+    (from hidden_source when given), each marked hidden."""
     with _LOADING:
         public = load_checks(checks_dir)
         found = collect_checks(public)
-        if hidden and (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file():
-            secret = collect_checks(_load_hidden(checks_dir, public))
+        if hidden and (hidden_source is not None
+                       or (Path(checks_dir) / HIDDEN_CHECKS_FILE).is_file()):
+            secret = collect_checks(_load_hidden(checks_dir, public, hidden_source))
             for fn in secret:
                 fn.__labutils_check__.hidden = True  # type: ignore[attr-defined]  # @check's
             found += secret
     return found
 
 
-def _load_hidden(checks_dir: Path, public):
+def _load_hidden(checks_dir: Path, public, source: str | None = None):
     """hidden_checks.py, whose `from checks import ...` must get this lab's checks.py
     (a process that loads several labs, as the grader does, has seen other labs' too)."""
     before = sys.modules.get("checks")
     sys.modules["checks"] = public
     try:
-        return load_checks(checks_dir, HIDDEN_CHECKS_FILE)
+        return load_checks(checks_dir, HIDDEN_CHECKS_FILE, source=source)
     finally:
         if before is None:
             sys.modules.pop("checks", None)
@@ -105,13 +119,14 @@ def hidden_summary(folder: Path) -> dict:
 
 
 def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
-                   hidden: bool = False, on_result=None) -> tuple[list, list]:
+                   hidden: bool = False, hidden_source: str | None = None,
+                   on_result=None) -> tuple[list, list]:
     """Every check of the lab against the learner's scripts: (CheckResults, run summaries).
 
-    hidden: run hidden_checks.py's checks too (the grader does). on_result(CheckResult)
-    is called as each check finishes.
+    hidden: run hidden_checks.py's checks too (the grader does), from hidden_source
+    when given. on_result(CheckResult) is called as each check finishes.
     """
-    checks = lab_checks(checks_dir, hidden=hidden)
+    checks = lab_checks(checks_dir, hidden=hidden, hidden_source=hidden_source)
     config = Path(checks_dir).resolve() / "lab.json"
     edit = json.loads(config.read_text()).get("edit", []) if config.is_file() else []
     checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch, edit=edit)
@@ -142,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"run the lab's {HIDDEN_CHECKS_FILE} too (what the grader does)")
     p.add_argument("--nonce-stdin", action="store_true",
                    help="read a nonce from stdin and prefix the result line with it")
+    p.add_argument("--hidden-stdin", action="store_true",
+                   help=f"then read {HIDDEN_CHECKS_FILE}'s text from stdin, as one JSON string "
+                   "(implies --hidden)")
     ns = p.parse_args(argv)
+    make_undumpable()   # what it reads from stdin stays in this process
     nonce = sys.stdin.readline().strip() if ns.nonce_stdin else ""
+    hidden_source = json.loads(sys.stdin.readline()) if ns.hidden_stdin else None
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever the checks or the scripts print goes to stderr
     sys.stdout = sys.stderr
@@ -155,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         _, runs = run_lab_checks(Path(ns.checks), Path(ns.learner), Path(ns.scratch),
-                                 hidden=ns.hidden, on_result=lambda r: send({"test": r.to_json()}))
+                                 hidden=ns.hidden or ns.hidden_stdin, hidden_source=hidden_source,
+                                 on_result=lambda r: send({"test": r.to_json()}))
         send({"done": True, "runs": runs, "duration_s": round(time.monotonic() - t0, 2)})
     except Exception as exc:  # noqa: BLE001 - reported to the grader as a checks error
         import traceback

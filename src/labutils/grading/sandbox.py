@@ -16,6 +16,13 @@ Each measure is tried on its own and what held is written to ``report``:
   (torchrun and the Jupyter kernel talk over 127.0.0.1; nothing else is reachable), a
   mount namespace in which the grader's files (the lab, the output folder, the
   grader's own code and the Python installation) are mounted read-only;
+- hidden paths: each path of "hide" (the lab's hidden checks, the solutions) is covered
+  in the mount namespace, a file by an unreadable empty file and a folder by an empty
+  unreadable tmpfs: opening one is a permission error;
+- user: as root, the command becomes the unprivileged "user" [uid, gid] of the spec (an
+  id of its own per submission), so files of other users are read and written by the
+  usual permissions only; the grader first checks that this user can reach the Python
+  installation and the working folder, and keeps root (with no capabilities) where not;
 - capabilities: as root, every capability is dropped, so the command cannot undo the
   mounts or leave the namespaces; no_new_privs stops setuid programs giving them back;
 - rlimits: address space per process (memory), file size (output written to disk),
@@ -62,9 +69,10 @@ def _call(name: str, *args) -> None:
         raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def _mount(source, target, fstype, flags: int) -> None:
+def _mount(source, target, fstype, flags: int, data: str | None = None) -> None:
     _call("mount", None if source is None else source.encode(), target.encode(),
-          None if fstype is None else fstype.encode(), ctypes.c_ulong(flags), None)
+          None if fstype is None else fstype.encode(), ctypes.c_ulong(flags),
+          None if data is None else data.encode())
 
 
 def _map_ids() -> None:
@@ -112,27 +120,60 @@ def _readonly(paths: list[str], enforced: dict) -> None:
             enforced.setdefault("readonly_errors", []).append(f"{path}: {exc}")
 
 
-def _drop_capabilities() -> None:
-    """Root without capabilities: no remounting, no leaving namespaces, no DAC override."""
+def _hide(paths: list[str], stub: str | None, enforced: dict) -> None:
+    """Cover each path: a file by `stub` (an empty file nobody may read), a folder by an
+    empty tmpfs nobody may enter. Called after _readonly, in the mount namespace."""
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if not os.path.exists(path):
+            continue
+        try:
+            if os.path.isdir(path):
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                       "mode=000,size=4k")
+            elif stub:
+                _mount(stub, path, None, MS_BIND)
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+            else:
+                raise OSError(errno.EINVAL, "no stub file to cover a file with")
+            enforced["hidden"].append(path)
+        except OSError as exc:
+            enforced.setdefault("hidden_errors", []).append(f"{path}: {exc}")
+
+
+def _become(user: list[int]) -> None:
+    """Root becomes the submission's own unprivileged user (every capability goes)."""
+    uid, gid = user
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def _drop_bounding_set() -> None:
+    """No capability can come back, whatever runs later (needs root's CAP_SETPCAP)."""
     for cap in range(_MAX_CAP + 1):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
             break  # past the last capability this kernel knows
+
+
+def _drop_capabilities() -> None:
+    """Root without capabilities: no remounting, no leaving namespaces, no DAC override."""
     header = struct.pack("Ii", _CAP_VERSION_3, 0)
     data = ctypes.create_string_buffer(24)  # two empty (effective, permitted, inheritable)
     _call("capset", ctypes.c_char_p(header), data)
 
 
-def _set_limits(limits: dict, outer_uid: int) -> list[str]:
+def _set_limits(limits: dict, uid: int) -> list[str]:
+    """rlimits for the command, which runs as uid."""
     held = []
     pairs = [("memory_bytes", resource.RLIMIT_AS, "memory per process"),
              ("file_bytes", resource.RLIMIT_FSIZE, "file size")]
-    if outer_uid != 0:  # the kernel never counts processes against root's limit
+    if uid != 0:  # the kernel never counts processes against root's limit
         pairs.append(("processes", resource.RLIMIT_NPROC, "processes"))
     for key, which, name in pairs:
         value = limits.get(key)
         if value:
             if which == resource.RLIMIT_NPROC:
-                value += _processes_of(os.getuid())  # the limit counts all of this user's
+                value += _processes_of(uid)  # the limit counts all of this user's
             resource.setrlimit(which, (int(value), int(value)))
             held.append(f"{name} <= {int(value)}")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -152,13 +193,20 @@ def _processes_of(uid: int) -> int:
 
 def _exec(spec: dict, command: list[str], enforced: dict, outer_uid: int) -> None:
     """Last steps in the process that becomes the command."""
-    enforced["limits"] = _set_limits(spec.get("limits", {}), outer_uid)
-    if enforced.get("namespaces") and outer_uid == 0:
+    user = spec.get("user") if outer_uid == 0 else None
+    enforced["limits"] = _set_limits(spec.get("limits", {}), user[0] if user else outer_uid)
+    if outer_uid == 0 and (user or enforced.get("namespaces")):
         try:
+            _drop_bounding_set()
+            if user:
+                _become(user)   # setuid away from root clears the capabilities it held
+                enforced["user"] = f"uid {user[0]}"
             _drop_capabilities()
             enforced["capabilities"] = "all dropped"
         except OSError as exc:
             enforced["capabilities"] = f"kept ({exc})"
+    if outer_uid == 0 and not user:
+        enforced["user"] = f"root ({spec.get('user_why') or 'kept'})"
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     report = spec.get("_report_fd")
     if report is not None:  # opened before the mounts went read-only
@@ -199,13 +247,14 @@ def main(argv: list[str]) -> int:
     outer_uid = os.geteuid()
     if spec.get("report"):
         spec["_report_fd"] = os.open(spec["report"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    enforced: dict = {"namespaces": [], "readonly": [], "network": "not isolated"}
+    enforced: dict = {"namespaces": [], "readonly": [], "hidden": [], "network": "not isolated"}
     if spec.get("isolate", True):
         try:
             enforced["namespaces"] = _unshare(outer_uid)
             _loopback_up()
             enforced["network"] = "loopback only"
             _readonly(spec.get("readonly", []), enforced)
+            _hide(spec.get("hide", []), spec.get("hide_stub"), enforced)
         except OSError as exc:
             if enforced["namespaces"]:  # half a sandbox: a grader problem, said clearly
                 return _fail(spec, f"namespaces created, then {exc}")

@@ -39,6 +39,7 @@ from labutils.grading import procs
 from labutils.grading.checks import CheckResult
 from labutils.grading.notebook import read_notebook, restore_locked_cells
 from labutils.grading.report import describe_outcome
+from labutils.grading.runner import HIDDEN_CHECKS_FILE
 from labutils.runtime import runfiles
 from labutils.runtime.procs import become_subreaper, die_with_parent, make_undumpable
 
@@ -52,6 +53,7 @@ POLL_S = 0.2          # how soon the end of a phase is noticed
 TREE_EVERY_S = 1.0    # memory and process count of the tree
 DISK_EVERY_S = 3.0    # bytes written in the working copy
 MAX_FILES = 500
+LEARNER_IDS = (40000, 60000)   # the submission's own uid and gid are drawn from this range
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV",
             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
             runfiles.ENV_START)
@@ -81,6 +83,8 @@ class Supervisor:
         self.scratch = self.root / "scratch"
         self.notes: list[str] = []
         self.limits = job["limits"]
+        self.stub = self.private / "hidden"   # what covers a hidden file in the sandbox
+        self.user, self.user_why = self._learner_user()
 
     # ------------------------------------------------------------------ files
     def _locked_files(self) -> dict[str, bytes]:
@@ -118,6 +122,7 @@ class Supervisor:
         """The working copy; returns (notebook to run, or None, and why not)."""
         for d in (self.work, self.private, self.scratch):
             d.mkdir(parents=True, exist_ok=True)
+        self.stub.touch(mode=0o000)
         for rel, data in self.files.items():
             if rel not in GRADER_FILES and rel != self.config["notebook"]:
                 (self.work / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -183,17 +188,49 @@ class Supervisor:
         })
         return env
 
-    def run_phase(self, name: str, command: list[str], *, timeout: float, cwd: Path) -> Phase:
-        """Run a command in the sandbox, watch it, end every process it started."""
+    def _learner_user(self) -> tuple[list[int] | None, str]:
+        """The unprivileged user the submission's code runs as, when the grader is root:
+        an id of its own per submission (the process limit counts a user's processes),
+        or None and why not."""
+        if os.geteuid() != 0:
+            return None, "the grader is not root"
+        import labutils
+
+        needed = [Path(sys.prefix), Path(sys.base_prefix), Path(labutils.__file__).parent,
+                  self.root]
+        unreachable = [str(p) for p in needed if not _open_to_others(p)]
+        if unreachable:
+            return None, (f"{unreachable[0]} is not readable by other users, so the learner's "
+                          "code runs as root without capabilities")
+        uid = LEARNER_IDS[0] + int(self.job["tag"][:6], 16) % (LEARNER_IDS[1] - LEARNER_IDS[0])
+        return [uid, uid], ""
+
+    def _hand_over(self) -> None:
+        """The working copy and the scratch folder belong to the learner's user."""
+        if self.user is None:
+            return
+        for top in (self.work, self.scratch):
+            for folder, dirs, files in os.walk(top):
+                for name in [folder, *(os.path.join(folder, f) for f in dirs + files)]:
+                    os.lchown(name, *self.user)
+
+    def run_phase(self, name: str, command: list[str], *, timeout: float, cwd: Path,
+                  stdin_after: bytes = b"") -> Phase:
+        """Run a command in the sandbox, watch it, end every process it started.
+        stdin_after: sent on the command's stdin after the nonce's line."""
         nonce = secrets.token_hex(16)
         report = self.private / f"{name}-sandbox.json"
+        env = self._env()   # makes the home folder, which _hand_over then gives away
+        self._hand_over()
         spec = {
-            "cwd": str(cwd), "isolate": self.job["isolate"], "env": self._env(),
+            "cwd": str(cwd), "isolate": self.job["isolate"], "env": env,
             "readonly": [*self.job["readonly"], str(self.private)],
+            "hide": self.job.get("hide", []), "hide_stub": str(self.stub),
             "limits": {"memory_bytes": self.limits["memory_bytes"],
                        "file_bytes": self.limits["file_bytes"],
                        "processes": self.limits["processes"]},
             "report": str(report),
+            **({"user": self.user} if self.user else {"user_why": self.user_why}),
         }
         phase = Phase()
         log = open(self.private / f"{name}.log", "wb")  # noqa: SIM115 - closed below
@@ -207,7 +244,7 @@ class Supervisor:
         reader.start()
         stdin = cast(IO[bytes], proc.stdin)  # stdin=PIPE
         try:
-            stdin.write(nonce.encode() + b"\n")
+            stdin.write(nonce.encode() + b"\n" + stdin_after)
             stdin.close()
         except OSError:
             pass
@@ -291,14 +328,18 @@ class Supervisor:
 
     def check_tests(self) -> tuple[list[dict], list[dict], str]:
         checks = self.private / "checks"
+        hidden = self.files.get(HIDDEN_CHECKS_FILE)
         for rel, data in self.files.items():
+            if rel == HIDDEN_CHECKS_FILE:
+                continue   # never a file the sandbox holds: the runner gets it on stdin
             (checks / rel).parent.mkdir(parents=True, exist_ok=True)
             (checks / rel).write_bytes(data)
         command = [sys.executable, "-m", "labutils.grading.runner", "--checks", str(checks),
                    "--learner", str(self.work), "--scratch", str(self.scratch / "checks"),
-                   "--hidden", "--nonce-stdin"]
+                   "--nonce-stdin", *(["--hidden-stdin"] if hidden is not None else [])]
+        after = (json.dumps(hidden.decode()).encode() + b"\n") if hidden is not None else b""
         phase = self.run_phase("checks", command, timeout=self.job["checks_timeout"],
-                               cwd=self.scratch)
+                               cwd=self.scratch, stdin_after=after)
         self.checks_enforced = phase.enforced
         done = {m["test"]["name"]: m["test"] for m in phase.messages if "test" in m}
         errors = [m for m in phase.messages if "error" in m]
@@ -348,6 +389,19 @@ class Supervisor:
             if (self.private / "executed.ipynb").is_file() else None,
             "duration_s": round(time.monotonic() - t0, 2),
         }
+
+
+def _open_to_others(path: Path) -> bool:
+    """Every folder from / down to path can be entered by any user, and path itself read."""
+    path = path.resolve()
+    for folder in [*reversed(path.parents), path]:
+        try:
+            mode = folder.stat().st_mode
+        except OSError:
+            return False
+        if folder.is_dir() and not mode & 0o001:
+            return False
+    return bool(path.stat().st_mode & 0o004)
 
 
 def read_notebook_bytes(data: bytes):
