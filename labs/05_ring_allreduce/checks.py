@@ -3,23 +3,50 @@
 Run them yourself from this folder (the grader runs the same ones):
 
     python checks.py
+
+The runs launch this lab's ring_test.py on your ring.py, under the grader's probe
+(measure=["traffic"]), which logs every operation each rank asks of its process group
+and the bytes of its tensors, whichever torch.distributed function asked for it.
 """
 
 from labutils.grading import check
+from labutils.grading.probe import POINT_TO_POINT
 
 SIZES = [1, 7, 1000, 4099]
-ARGS = ["--sizes", ",".join(map(str, SIZES))]
 
 
-def _run(c, nproc):
-    return c.run("ring_test.py", nproc, args=[*ARGS, "--ring", c.learner_file("ring.py")])
+def _run(c, nproc, sizes=SIZES):
+    """ring_test.py, the lab's own, on the learner's ring.py, with the traffic probe."""
+    return c.run(c.lab_file("ring_test.py"), nproc, measure=["traffic"],
+                 args=["--sizes", ",".join(map(str, sizes)), "--ring", c.learner_file("ring.py")])
 
 
 def _rows(run):
-    return run.rows("size", "max_error")
+    """ring_test.py's results, the last per rank and size (its report follows the ring)."""
+    return list({(r["rank"], r["size"]): r for r in run.rows("size", "max_error")}.values())
 
 
-@check("ring_all_reduce sums in place like dist.all_reduce, at 2 and 3 ranks", points=4)
+def _traffic(run, sizes) -> dict[int, dict[int, list]]:
+    """rank -> size -> the process-group operations ring_all_reduce made, [name, bytes].
+
+    The probe logs a rank's operations in order; ring_test.py calls dist.all_reduce on
+    each size's reference before the ring, so each size's share starts after the first
+    allreduce of its bytes (the sizes differ: a ring that calls the library on its own
+    tensor is not taken for the next size's reference)."""
+    cut: dict[int, dict[int, list]] = {}
+    for rank, record in run.probe("traffic").items():
+        ops, starts, at = record["operations"], [], 0
+        for size in sizes:
+            while at < len(ops) and ops[at] != ["allreduce", 4 * size]:
+                at += 1
+            starts.append(at)
+            at += 1
+        ends = starts[1:] + [len(ops)]
+        cut[rank] = {size: ops[start + 1:end] for size, start, end in zip(sizes, starts, ends)}
+    return cut
+
+
+@check("ring_all_reduce sums in place like dist.all_reduce, at 2 and 3 ranks", points=5)
 def correct(c):
     for nproc in (2, 3):
         run = _run(c, nproc)
@@ -38,24 +65,28 @@ def correct(c):
                  expected="the sum over all ranks, in the input tensor, within 1e-4")
 
 
-@check("Each rank sends 2(n-1)/n of the tensor (reduce-scatter, then all-gather)", points=3)
+@check("Each rank sends 2(n-1)/n of the tensor (reduce-scatter, then all-gather)", points=5)
 def bandwidth_optimal(c):
     nproc, size = 3, max(SIZES)
     run = _run(c, nproc)
     if not c.completed(run, f"{nproc} ranks"):
         return
-    _bytes_sent(c, _rows(run), nproc, size, f"{nproc} ranks, {size} elements")
+    _bytes_sent(c, _traffic(run, SIZES), nproc, size, f"{nproc} ranks, {size} elements")
 
 
-def _bytes_sent(c, rows, nproc: int, size: int, label: str) -> None:
-    """One part: each rank sent at most 2(n-1)/n of the tensor of ``size`` elements."""
-    sent = {row["rank"]: row["bytes_sent"] / (4 * size) for row in rows if row["size"] == size}
+def _bytes_sent(c, traffic, nproc: int, size: int, label: str) -> None:
+    """One part: each rank sent 2(n-1)/n of the tensor of ``size`` elements, counted at the
+    process group: not more (the naive ring sends n-1), not less (the rest went through
+    something else than sends: a library collective)."""
+    sent = {rank: sum(n for name, n in ops[size] if name == "send") / (4 * size)
+            for rank, ops in traffic.items()}
     optimal = 2 * (nproc - 1) / nproc
-    slack = 2 * (nproc - 1) / size  # uneven chunks: one element more per message at most
-    c.expect(len(sent) == nproc and all(s <= optimal + slack + 1e-9 for s in sent.values()),
+    slack = 2 * (nproc - 1) / size  # uneven chunks: one element more or less per message
+    c.expect(len(sent) == nproc and all(abs(s - optimal) <= slack + 1e-9 for s in sent.values()),
              label, measured="sent per rank, in tensors: "
                              + ", ".join(f"rank {r}: {s:.3f}" for r, s in sorted(sent.items())),
-             expected=f"{optimal:.3f} (2(n-1)/n); the naive ring sends {nproc - 1}.000")
+             expected=f"{optimal:.3f} (2(n-1)/n); the naive ring sends {nproc - 1}.000, a "
+                      "library collective 0.000 in sends")
 
 
 @check("ring_all_reduce uses only point-to-point operations", points=1)
@@ -64,8 +95,12 @@ def point_to_point_only(c):
         run = _run(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        used = sorted({name for row in _rows(run) for name in row["collectives"]})
-        c.expect(not used, f"{nproc} ranks", measured=f"collectives called: {used or 'none'}",
+        traffic = _traffic(run, SIZES)
+        used = sorted({name for ops in traffic.values() for size in SIZES
+                       for name, _ in ops[size] if name not in POINT_TO_POINT})
+        c.expect(len(traffic) == nproc and not used, f"{nproc} ranks",
+                 measured=f"process-group collectives called: {used or 'none'}"
+                 if traffic else "no process-group operation was measured",
                  expected="none: only send/recv/isend/irecv")
 
 

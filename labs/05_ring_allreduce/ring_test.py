@@ -8,60 +8,33 @@ It tests the ring.py of the current folder (or the one --ring names).
 For each size, every rank reports report(size=..., max_error=..., in_place=...,
 bytes_sent=..., collectives=[...]): the largest difference from dist.all_reduce,
 whether the input tensor itself holds the sum, the bytes this rank sent inside
-ring_all_reduce, and any library collective it called.
+ring_all_reduce, and any library collective it called (both counted at the process
+group, labutils.grading.probe.count_traffic: the names of the ProcessGroup's methods,
+allreduce for dist.all_reduce).
 """
 
 import argparse
 import importlib.util
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from labutils.dist import init, print0, report
+from labutils.grading.probe import POINT_TO_POINT, count_traffic
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--sizes", default="1,7,1000,4099", help="tensor sizes, comma-separated")
 parser.add_argument("--ring", default="ring.py", help="the file that defines ring_all_reduce")
 args = parser.parse_args()
 
-SENDS = ("send", "isend")
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "batch_isend_irecv")
-
-
-@contextmanager
-def counting():
-    """Count bytes sent and collectives called while the block runs."""
-    seen = {"bytes": 0, "collectives": []}
-    originals = {name: getattr(dist, name) for name in SENDS + COLLECTIVES}
-
-    def wrap(name, fn):
-        def counted(*a, **kw):
-            if name in SENDS:
-                tensor = a[0] if a else kw["tensor"]
-                seen["bytes"] += tensor.numel() * tensor.element_size()
-            else:
-                seen["collectives"].append(name)
-            return fn(*a, **kw)
-        return counted
-
-    for name, fn in originals.items():
-        setattr(dist, name, wrap(name, fn))
-    try:
-        yield seen
-    finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
-
-
 rank, world_size, device = init()
 spec = importlib.util.spec_from_file_location("ring", args.ring)
 ring = importlib.util.module_from_spec(spec)
-with counting():  # catches `from torch.distributed import isend` inside ring.py too
-    spec.loader.exec_module(ring)
+spec.loader.exec_module(ring)
 ring_all_reduce = ring.ring_all_reduce
+# Every operation this rank asks of its process group, [name, bytes], counted at the
+# ProcessGroup itself: whichever torch.distributed function ring.py calls, it is seen.
+traffic = count_traffic()
 
 for size in [int(s) for s in args.sizes.split(",")]:
     g = torch.Generator().manual_seed(100 * size + rank)
@@ -69,10 +42,12 @@ for size in [int(s) for s in args.sizes.split(",")]:
     expected = data.clone()
     dist.all_reduce(expected)
     mine = data.clone()
-    with counting() as seen:
-        returned = ring_all_reduce(mine)
+    before = len(traffic)
+    returned = ring_all_reduce(mine)
+    sent = sum(n for name, n in traffic[before:] if name == "send")
+    collectives = [name for name, _ in traffic[before:] if name not in POINT_TO_POINT]
     error = (mine - expected).abs().max().item()
-    report(size=size, max_error=error, in_place=returned is mine, bytes_sent=seen["bytes"],
-           collectives=seen["collectives"])
-    print0(f"size {size}: max error {error:.2e}, rank 0 sent {seen['bytes']} bytes "
-           f"({seen['bytes'] / (4 * size):.2f} x the tensor)")
+    report(size=size, max_error=error, in_place=returned is mine, bytes_sent=sent,
+           collectives=collectives)
+    print0(f"size {size}: max error {error:.2e}, rank 0 sent {sent} bytes "
+           f"({sent / (4 * size):.2f} x the tensor)")

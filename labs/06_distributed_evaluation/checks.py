@@ -3,44 +3,85 @@
 Run them yourself from this folder (the grader runs the same ones):
 
     python checks.py
+
+evaluate.py runs under scored_items.py, which records the items each rank's model
+really scored: a rank that scores more than its share (rank 0 scoring every item while
+the others idle) gets the right metric without a distributed evaluation, and the
+counts and accuracy of such a run do not count.
 """
+
+import math
 
 from evalset import single_process_accuracy
 
 from labutils.grading import check
 
-ITEMS = 11
+ITEMS = 11            # the notebook's case: DistributedSampler pads 1 item at 2 and 3 ranks
+PADDED_TWICE = 13     # at 3 ranks DistributedSampler pads 2 items (at 2 ranks, item 0: a right one)
+HARNESS = "scored_items.py"
 
 
-def _result(c, nproc):
-    run = c.run("evaluate.py", nproc, args=["--items", ITEMS])
+def _run(c, nproc, items):
+    return c.run(c.lab_file(HARNESS), nproc,
+                 args=["--", c.learner_file("evaluate.py"), "--items", items])
+
+
+def _shared(c, run, nproc: int, items: int, label: str) -> bool:
+    """True when every rank scored its own share of the items (at least one item, at most
+    ceil(items / nproc)); else a failed part saying how many items each rank scored."""
+    scored = {rank: len(set(run.values("scored", rank=rank)[-1]))
+              for rank in range(nproc) if run.values("scored", rank=rank)}
+    most = math.ceil(items / nproc)
+    if len(scored) == nproc and all(0 < n <= most for n in scored.values()):
+        return True
+    c.expect(False, f"{label}: the ranks share the items",
+             measured="items scored per rank (read from the model): "
+                      + (", ".join(f"rank {r}: {n}" for r, n in sorted(scored.items())) or "none"),
+             expected=f"each of the {nproc} ranks scores its own share of the {items} items "
+                      f"(1 to {most}), not one rank all of them")
+    return False
+
+
+def _result(c, nproc, items, label):
+    """Rank 0's last report of a run whose ranks shared the work; None (and a failed part)
+    when the run did not finish or did not share the items, {} when rank 0 reported nothing."""
+    run = _run(c, nproc, items)
+    if not c.completed(run, label) or not _shared(c, run, nproc, items, label):
+        return None
     rows = [r for r in run.rows("accuracy", "predictions") if r["rank"] == 0]
-    return run, (rows[-1] if rows else None)
+    return rows[-1] if rows else {}
 
 
-@check(f"Each of the {ITEMS} items is counted exactly once, at 2 and 3 ranks", points=3)
+def _counted_once(c, nproc, items, label) -> None:
+    row = _result(c, nproc, items, label)
+    if row is not None:
+        got = row.get("predictions", "no report from rank 0")
+        c.expect(got == items, label, measured=f"{got} predictions counted",
+                 expected=f"{items}: padded duplicates from DistributedSampler must not count")
+
+
+def _same_accuracy(c, nproc, items, label, *, weight: float = 1.0) -> None:
+    correct, _ = single_process_accuracy(items)
+    row = _result(c, nproc, items, label)
+    if row is not None:
+        got = row.get("accuracy")
+        c.expect(got is not None and abs(got - correct / items) < 1e-9, label,
+                 measured=f"accuracy {got}", weight=weight,
+                 expected=f"{correct / items} ({correct}/{items}), what one process computes")
+
+
+@check(f"Each of the {ITEMS} items is counted exactly once, at 2 and 3 ranks", points=2)
 def counted_once(c):
     for nproc in (2, 3):
-        run, row = _result(c, nproc)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        got = row["predictions"] if row else "no report from rank 0"
-        c.expect(got == ITEMS, f"{nproc} ranks", measured=f"{got} predictions counted",
-                 expected=f"{ITEMS}: padded duplicates from DistributedSampler must not count")
+        _counted_once(c, nproc, ITEMS, f"{nproc} ranks")
 
 
-@check("The accuracy equals the single-process accuracy, at 2 and 3 ranks", points=4)
+@check("The accuracy equals the single-process accuracy, at 2 and 3 ranks", points=5)
 def same_metric(c):
-    correct, items = single_process_accuracy(ITEMS)
-    reference = correct / items
-    for nproc in (2, 3):
-        run, row = _result(c, nproc)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        got = row["accuracy"] if row else None
-        c.expect(got is not None and abs(got - reference) < 1e-9, f"{nproc} ranks",
-                 measured=f"accuracy {got}", expected=f"{reference} ({correct}/{items}), "
-                                                      "what one process computes")
+    _same_accuracy(c, 3, ITEMS, f"3 ranks, {ITEMS} items")
+    _same_accuracy(c, 2, PADDED_TWICE, f"2 ranks, {PADDED_TWICE} items")
+    # a fix tuned to one padded item gets this case wrong: it counts double
+    _same_accuracy(c, 3, PADDED_TWICE, f"3 ranks, {PADDED_TWICE} items (two padded)", weight=2)
 
 
 if __name__ == "__main__":

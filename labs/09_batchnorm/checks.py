@@ -5,7 +5,8 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 
 The reference is one process training the same model with plain BatchNorm, each step
-on every rank's batch of that step together (shards.reference_model).
+on every rank's batch of that step together (shards.reference_model). The statistics
+are read from each rank's BatchNorm layer by the grader's probe (measure=["buffers"]).
 
 Tolerance: a correct synchronisation computes the same statistics as the reference,
 only with sums taken in another order, so they differ by float32 rounding (about 1e-7
@@ -14,8 +15,9 @@ rank 0's, an average of the ranks' statistics) or gradients that ignore the othe
 ranks' items are off by 5e-2 or more. 1e-4 separates the two by orders of magnitude.
 """
 
-from labutils.grading import check
 from shards import reference_model
+
+from labutils.grading import check
 
 TOLERANCE = 1e-4
 CASE = {"steps": 6, "batch_size": 8, "lr": 0.1, "seed": 0}
@@ -24,21 +26,28 @@ CASE = {"steps": 6, "batch_size": 8, "lr": 0.1, "seed": 0}
 def _run(c, nproc, case=CASE):
     return c.run("train.py", nproc, args=["--steps", case["steps"], "--batch-size",
                                           case["batch_size"], "--lr", case["lr"],
-                                          "--seed", case["seed"]])
+                                          "--seed", case["seed"]], measure=["buffers"])
 
 
 def _statistics(run) -> dict:
-    """rank -> (running_mean, running_var), as each rank reported them at the end."""
-    return {r["rank"]: (r["running_mean"], r["running_var"])
-            for r in run.rows("running_mean", "running_var")}
+    """rank -> (running_mean, running_var) of the BatchNorm layer of the rank's DDP model,
+    read from the layer itself by the grader's probe at the end (measure "buffers"), not
+    what the script reports."""
+    stats = {}
+    for rank, record in run.probe("buffers").items():
+        layers = record["layers"]
+        layer = layers.get("1") or next(iter(layers.values()), None)  # make_model's model[1]
+        if layer is not None:
+            stats[rank] = (layer["running_mean"], layer["running_var"])
+    return stats
 
 
 def _reported(c, run, nproc: int) -> dict | None:
     stats = _statistics(run)
     if sorted(stats) != list(range(nproc)):
-        c.expect(False, f"{nproc} ranks: the statistics each rank reported",
-                 measured=f"reports from ranks {sorted(stats)}",
-                 expected="report(running_mean=..., running_var=...) on every rank")
+        c.expect(False, f"{nproc} ranks: the statistics of each rank's BatchNorm layer",
+                 measured=f"a BatchNorm layer in a DDP model on ranks {sorted(stats)}",
+                 expected="the model of shards.make_model, wrapped in DDP, on every rank")
         return None
     return stats
 

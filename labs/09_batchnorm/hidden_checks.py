@@ -1,6 +1,6 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the same fix,
-measured in a case the public checks do not show: 3 ranks with 5 items each, 9
-steps, another learning rate and seed."""
+measured in a case the public checks do not show: 4 ranks (a world size they do not
+use) with 5 items each, 9 steps, another learning rate and seed."""
 
 from checks import _identical_part, _reference_part, _run
 
@@ -9,10 +9,10 @@ from labutils.grading import check
 OTHER = {"steps": 9, "batch_size": 5, "lr": 0.05, "seed": 4}
 
 
-@check("In another case (3 ranks x batch 5, 9 steps, seed 4): the same statistics on every "
+@check("In another case (4 ranks x batch 5, 9 steps, seed 4): the same statistics on every "
        "rank, equal to BatchNorm on the whole batch", points=2, visibility="after_published")
 def whole_batch_elsewhere(c):
-    run = _run(c, 3, OTHER)
-    if c.completed(run, "3 ranks", weight=2):
-        _identical_part(c, run, 3)
-        _reference_part(c, run, 3, OTHER)
+    run = _run(c, 4, OTHER)
+    if c.completed(run, "4 ranks", weight=2):
+        _identical_part(c, run, 4)
+        _reference_part(c, run, 4, OTHER)

@@ -22,7 +22,7 @@ def _plain(c, nproc: int = 2):
 
 
 def _killed(c, fault: dict, nproc: int = 2):
-    return c.run("train.py", nproc, args=["--steps", STEPS], measure=["weights", "files"],
+    return c.run("train.py", nproc, args=["--steps", STEPS], measure=["weights", "files", "steps"],
                  fault=fault, max_restarts=1)
 
 
@@ -36,6 +36,15 @@ def _ranks(ranks) -> str:
 def _in_place(run) -> list[int]:
     """Ranks that write the checkpoint file itself (open it for writing, torch.save to it)."""
     return sorted(rank for rank, seen in run.probe("files").items() if CKPT in seen["writes"])
+
+
+def _shared(run) -> dict[str, list[int]]:
+    """Files that several ranks open for writing: path -> those ranks."""
+    ranks: dict[str, set[int]] = {}
+    for rank, seen in run.probe("files").items():
+        for path in seen["writes"]:
+            ranks.setdefault(path, set()).add(rank)
+    return {path: sorted(r) for path, r in sorted(ranks.items()) if len(r) > 1}
 
 
 def _writers(run) -> list[int]:
@@ -61,16 +70,19 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
     plain, killed = _plain(c, nproc), _killed(c, fault, nproc)
     if not c.completed(plain, f"{nproc} ranks, uninterrupted run"):
         return
-    in_place = _in_place(plain)
-    if len(in_place) > 1:
-        # Each of them truncates the file and writes it again: whether the file is whole
-        # after the kill depends on whose write came last. A pass would be luck.
+    in_place, shared = _in_place(plain), _shared(plain)
+    if in_place or shared:
+        # A write in place leaves half a checkpoint when the writer is killed; two ranks
+        # writing one file truncate each other's writes. Whatever the restarted run does
+        # with the file (load it, or start over when it does not load), a pass would be luck.
         this_time = "the restarted run went through" if killed.ok else killed.problem
-        c.expect(False, label,
-                 measured=f"{_ranks(in_place)} write {CKPT} in place, so what is on disk after "
-                          f"the kill depends on which rank wrote last (this time: {this_time})",
-                 expected=f"{CKPT} only ever replaced by a complete file, and the resumed run "
-                          "ending with the weights of an uninterrupted run")
+        measured = (f"{_ranks(in_place)} write{'s' if len(in_place) == 1 else ''} {CKPT} in "
+                    "place, so a kill while writing leaves part of it" if in_place else
+                    "; ".join(f"{_ranks(r)} write {path}" for path, r in shared.items())
+                    + ", one file at the same time")
+        c.expect(False, label, measured=f"{measured} (this time: {this_time})",
+                 expected=f"{CKPT} only ever replaced by a complete file written by one rank, "
+                          "and the resumed run ending with the weights of an uninterrupted run")
         return
     if killed.ok and killed.restarts == 0:
         c.expect(False, label,
@@ -79,9 +91,8 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
                  expected="rank 0 writes the checkpoint, and write_checkpoint() still reports "
                           "each chunk (that is where the rank is killed)")
         return
-    if not c.completed(killed, label, restarts=1):
-        return
-    _same_weights(c, plain, killed, label)
+    if c.completed(killed, label, restarts=1) and c.each_step_once([killed], STEPS, label):
+        _same_weights(c, plain, killed, label)
 
 
 @check("A rank killed between two checkpoints: the run resumes and ends with exactly the "
@@ -89,7 +100,8 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
 def kill_between_checkpoints(c):
     plain, killed = _plain(c), _killed(c, BETWEEN)
     label = f"2 ranks, rank {BETWEEN['rank']} killed after step {BETWEEN['step']}, --max-restarts 1"
-    if c.completed(plain, "2 ranks, uninterrupted run") and c.completed(killed, label, restarts=1):
+    if (c.completed(plain, "2 ranks, uninterrupted run") and c.completed(killed, label, restarts=1)
+            and c.each_step_once([killed], STEPS, label)):
         _same_weights(c, plain, killed, label)
 
 
@@ -111,23 +123,47 @@ def kill_while_saving(c):
     _kill_while_saving(c, 2, WHILE_SAVING)
 
 
-@check("Every rank that loads the checkpoint gives torch.load a map_location", points=2)
+def _onto_own_device(call: dict, own: str) -> bool:
+    """A torch.load that puts what it loads on the rank's own device, or on the CPU (from
+    where load_state_dict copies it to the model's device): map_location names one of
+    them, or a function or dict that did (the tensors it returned are there)."""
+    import torch
+
+    wanted = {torch.device(own), torch.device("cpu")}
+    location = call["map_location"]
+    if location is None:
+        return False
+    try:
+        named = torch.device(location)
+    except (RuntimeError, TypeError, ValueError):  # a function or a dict: judge by the result
+        named = None
+    loaded = {torch.device(d) for d in call.get("devices", [])}
+    return (named is None or named in wanted) and loaded <= wanted
+
+
+@check("Every rank that loads the checkpoint gives torch.load a map_location: its own device",
+       points=2)
 def map_location(c):
     run = _killed(c, BETWEEN)
     label = "2 ranks, the restarted run"
     if not c.completed(run, label, restarts=1):
         return
-    loads = {rank: seen["loads"] for rank, seen in run.probe("files").items() if seen["loads"]}
+    files = run.probe("files")
+    loads = {rank: seen["loads"] for rank, seen in files.items() if seen["loads"]}
     if not loads:
         c.expect(False, label, measured="no rank called torch.load",
                  expected="the restarted run loads the checkpoint")
         return
     missing = sorted(rank for rank, calls in loads.items()
                      if any(call["map_location"] is None for call in calls))
+    elsewhere = sorted(rank for rank, calls in loads.items() if rank not in missing
+                       and not all(_onto_own_device(call, files[rank]["device"]) for call in calls))
     given = sorted({call["map_location"] for calls in loads.values() for call in calls} - {None})
-    c.expect(not missing, label,
-             measured=(f"{_ranks(missing)} called torch.load without map_location" if missing
-                       else f"map_location={', '.join(given)} on {_ranks(loads)}"),
+    measured = (f"{_ranks(missing)} called torch.load without map_location" if missing else
+                f"{_ranks(elsewhere)} loaded onto another rank's device (map_location="
+                f"{', '.join(given)}; their own: {', '.join(files[r]['device'] for r in elsewhere)})"
+                if elsewhere else f"map_location={', '.join(given)} on {_ranks(loads)}")
+    c.expect(not missing and not elsewhere, label, measured=measured,
              expected="torch.load(..., map_location=<this rank's device>) on every rank that "
                       "loads")
 

@@ -38,7 +38,8 @@ def _ckpt_dir(c, saved_at: int, resumed_at: int) -> str:
 def _stop(c, saved_at: int, resumed_at: int, stop: int):
     """The run that trains `stop` steps at saved_at ranks and saves a checkpoint."""
     return c.run("train.py", saved_at,
-                 args=["--steps", stop, "--ckpt-dir", _ckpt_dir(c, saved_at, resumed_at)])
+                 args=["--steps", stop, "--ckpt-dir", _ckpt_dir(c, saved_at, resumed_at)],
+                 measure=["steps"])
 
 
 def _stop_and_resume(c, saved_at: int, resumed_at: int, stop: int):
@@ -50,7 +51,7 @@ def _stop_and_resume(c, saved_at: int, resumed_at: int, stop: int):
     if not c.completed(first, f"{saved_at} ranks, {stop} steps, then a checkpoint"):
         return first, None
     second = c.run("train.py", resumed_at, args=["--steps", STEPS, "--ckpt-dir", folder],
-                   measure=["weights"])
+                   measure=["weights", "steps"])
     if not c.completed(second, f"{resumed_at} ranks, resumed, on to {STEPS} steps"):
         return first, None
     return first, second
@@ -120,10 +121,12 @@ def _data_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> 
 
 def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> None:
     """The losses of every step and the final weights equal the reference's, within
-    TOLERANCE."""
+    TOLERANCE; measured only when the resumed run took the steps after the checkpoint's
+    (a run that starts over from step 0 ends on the reference's trajectory too)."""
     label = f"saved at {saved_at} ranks after {stop} steps, resumed at {resumed_at}"
     reference = _reference(c)
-    if not c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted"):
+    if not (c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted")
+            and c.each_step_once([first, second], STEPS, f"{label}: the steps each run took")):
         return
     want, got = _losses(reference), _losses(first, second)
     gaps = {s: abs(got[s] - want[s]) for s in want if s in got}
@@ -134,7 +137,7 @@ def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: in
              measured=(f"no loss for steps {_steps_list(missing)}" if missing else
                        f"losses off from step {min(off)} on, by up to {gaps[worst]:.2g} "
                        f"(step {worst})" if off else f"within {max(gaps.values()):.1g}"),
-             expected=f"within 1e-5 of the uninterrupted run's, step by step")
+             expected="within 1e-5 of the uninterrupted run's, step by step")
     want_w, got_w = reference.probe("weights"), second.probe("weights")
     if not want_w or not got_w:
         c.expect(False, f"{label}: the final weights", measured="no weights were measured",
@@ -145,7 +148,7 @@ def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: in
               for a, b in zip(record["values"], reference_values))
     c.expect(math.isfinite(gap) and gap <= TOLERANCE, f"{label}: the final weights",
              measured=f"off by up to {gap:.2g}" if not gap <= TOLERANCE else f"within {gap:.1g}",
-             expected=f"within 1e-5 of the uninterrupted run's, on every rank")
+             expected="within 1e-5 of the uninterrupted run's, on every rank")
 
 
 def _natural(item: tuple[str, int]) -> list:

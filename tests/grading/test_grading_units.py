@@ -315,3 +315,31 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert cli(["grade", str(tmp_path), str(lab), "--out", str(tmp_path / "o")]) == 2
     with pytest.raises(GradingError, match="jobs"):
         grade(lab, [lab], out_dir=tmp_path / "o", jobs=0)
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({}, 2.0),                                                     # no quota: the affinity
+    ({"cpu.max": "50000 100000\n"}, 0.5),                          # cgroup v2, Gradescope's
+    ({"cpu.max": "max 100000\n"}, 2.0),
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "150000\n",
+      "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 1.5),          # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),
+])
+def test_the_grader_counts_the_cpus_its_cgroup_allows(tmp_path, monkeypatch, files, expected):
+    from labutils.grading import procs
+
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda pid: {0, 1})
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert procs.available_cpus(str(tmp_path)) == expected
+    assert procs.hang_scale(expected) == max(1.0, 2.0 / expected)
+
+
+def test_a_grader_on_half_a_cpu_gives_the_notebook_four_times_the_hang_timeout(monkeypatch):
+    from labutils.grading import procs, supervisor
+
+    monkeypatch.setattr(procs, "available_cpus", lambda: 0.5)
+    sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
+    sup.config = {"parameters": {"hang_timeout": 8, "self_check": False}}
+    assert sup._parameters() == {"hang_timeout": 32.0, "self_check": False}

@@ -1,9 +1,10 @@
 """Train a regression model on sensor readings with DistributedDataParallel, skipping corrupt ones.
 
-A few readings in the dataset are corrupt: the sensor glitched and left a NaN
-target. One NaN in a batch turns the loss into NaN, and after the optimizer step
-every weight, so a step whose batch holds a corrupt reading is skipped, on every
-rank: the ranks must take the same steps, or their weights part ways.
+Each rank reads its own sensor, and no other rank's. A few readings are corrupt: the
+sensor glitched and left a NaN target. One NaN in a batch turns the loss into NaN,
+and after the optimizer step every weight, so a step whose readings (on any rank)
+hold a corrupt one is skipped, on every rank: the ranks must take the same steps, or
+their weights part ways.
 
 Run it on 2 ranks (3 or 4 work too):
 
@@ -20,9 +21,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader
 
 from labutils.dist import init, print0, report
+from readings import own_shard
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--items", type=int, default=96, help="dataset size (one pass)")
@@ -33,17 +35,15 @@ args = parser.parse_args()
 
 rank, world_size, device = init()
 
-# The same readings on every rank, from a random stream of their own (the weights
-# have theirs); --corrupt of them have a NaN target.
-g = torch.Generator().manual_seed(100 + args.seed)
-features = torch.randn(args.items, 4, generator=g)
-targets = features @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(args.items, 1, generator=g)
-targets[torch.randperm(args.items, generator=g)[:args.corrupt]] = float("nan")
-dataset = TensorDataset(features, targets)
-# No shuffling: together the ranks' k-th batches hold the readings k*B .. (k+1)*B - 1,
-# with B = world size x batch size.
-sampler = DistributedSampler(dataset, shuffle=False)
-loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+# This rank's shard of the readings, from its own sensor: readings rank, rank + W,
+# rank + 2W, ... (W = world size) of all the sensors' readings together, --corrupt of
+# which have a NaN target. A rank cannot read another rank's shard: what another rank
+# holds, it learns from that rank or not at all.
+shard = own_shard(rank, world_size, items=args.items, corrupt=args.corrupt, seed=args.seed)
+# In order, no shuffling: together the ranks' k-th batches hold the readings
+# k*B .. (k+1)*B - 1, with B = world size x batch size (the batches DistributedSampler
+# with shuffle=False would cut).
+loader = DataLoader(shard, batch_size=args.batch_size, drop_last=True)
 
 torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)).to(device))

@@ -163,8 +163,10 @@ class Batch:
     def __init__(self, lab: Lab, *, out_dir: Path, timeout: float | None, isolate: bool) -> None:
         self.lab = lab
         self.out_dir = out_dir
-        self.timeout = float(timeout or lab.config.get("timeout", DEFAULT_TIMEOUT_S))
-        self.checks_timeout = float(lab.config.get("checks_timeout", DEFAULT_CHECKS_TIMEOUT_S))
+        # the lab's deadlines are for 2 cores: longer on a grader with fewer (procs.hang_scale)
+        scale = procs.hang_scale()
+        self.timeout = float(timeout or lab.config.get("timeout", DEFAULT_TIMEOUT_S) * scale)
+        self.checks_timeout = float(lab.config.get("checks_timeout", DEFAULT_CHECKS_TIMEOUT_S)) * scale
         self.isolate = isolate
         self.limits = {**DEFAULT_LIMITS, **lab.config.get("limits", {})}
         self.tmp = Path(tempfile.mkdtemp(prefix="labutils-grade-"))

@@ -185,6 +185,16 @@ class Run:
         """rank -> the probe's last record of this kind (weights, allreduce)."""
         return {r["rank"]: r for r in self.records if r.get("probe") == kind}
 
+    def steps_taken(self) -> list[dict[int, int]]:
+        """Per attempt, in order: rank -> optimizer steps it took (probe "steps"); an
+        attempt killed halfway counts the steps taken before the kill."""
+        taken: dict[int, dict[int, int]] = {}
+        for r in self.records:
+            if r.get("probe") == "steps":
+                attempt = taken.setdefault(int(r["restart"]), {})
+                attempt[r["rank"]] = max(attempt.get(r["rank"], 0), int(r["taken"]))
+        return [taken[k] for k in sorted(taken)]
+
     @property
     def restarts(self) -> int:
         return max(0, len(self.result.attempts) - 1) if self.result is not None else 0
@@ -302,8 +312,11 @@ class Checker:
             script: a learner's file name (str) or a lab file (a Path from lab_file()).
             nproc: ranks.
             args: the script's command-line arguments.
-            measure: probes to run inside each rank: "weights" (the final parameters of
-                every DDP model), "allreduce" (DDP all-reduces per optimizer step).
+            measure: probes to run inside each rank (labutils.grading.probe): "weights"
+                (the final parameters of every DDP model), "buffers" (their BatchNorm
+                statistics), "allreduce" (DDP all-reduces per optimizer step), "steps"
+                (optimizer steps per attempt), "traffic" (process-group operations and
+                their bytes), "files" (writes, renames, loads).
             fault: {"rank": R, "step": S}: SIGKILL rank R when it reports step S.
             max_restarts: torchrun restarts allowed (>= 1 with fault).
             timeout: wall-clock limit of this run in seconds.
@@ -335,14 +348,16 @@ class Checker:
     def _launch(self, path, nproc, args, measure, fault, max_restarts, timeout,
                 hang_timeout, label) -> Run:
         from labutils.errors import LaunchConfigError
-        from labutils.grading.probe import launch_measured
+        from labutils.grading.probe import launch_measured, own_records
+        from labutils.grading.procs import hang_scale
         from labutils.run.launcher import launch
 
         if not Path(path).exists():
             return self._run(label, error=f"{Path(path).name} is missing")
         workdir = self.scratch / f"run{len(self.cache) + 1}"
         workdir.mkdir(parents=True, exist_ok=True)
-        options = dict(args=args, hang_timeout=hang_timeout, timeout=timeout,
+        scale = hang_scale()   # the lab's timeouts are for 2 cores; longer with fewer
+        options = dict(args=args, hang_timeout=hang_timeout * scale, timeout=timeout * scale,
                        max_restarts=max_restarts, fault=fault, display="none",
                        log_dir=workdir / "runs", backend="gloo")
         here = os.getcwd()
@@ -350,8 +365,9 @@ class Checker:
         try:
             if measure:
                 result = launch_measured(path, nproc, measure=measure, **options)
-            else:
+            else:  # no probe ran: records that claim one are the script's
                 result = launch(path, nproc, **options)
+                result.records = own_records(result.records)
         except LaunchConfigError as exc:
             return self._run(label, error=str(exc))
         finally:
@@ -378,6 +394,31 @@ class Checker:
                     expected=f"the run finishes{f' after {restarts} restart(s)' if restarts else ''}",
                     weight=weight)
         return False
+
+
+    def each_step_once(self, runs: Sequence[Run], steps: int, label: str) -> bool:
+        """A gate before a check's parts about a resume: over the runs and their attempts,
+        ``steps`` optimizer steps in all (probe "steps"), so an attempt or a run that resumes
+        carries on after its checkpoint's step instead of training from step 0 again (each
+        restart may retrain the one step in flight when the kill landed). A run that starts
+        over says nothing about resuming: records a failed part and returns False then,
+        records nothing and returns True otherwise."""
+        counts = []  # (run, restart count, steps): the most any rank took in that attempt
+        for run in runs:
+            attempts = run.steps_taken()
+            if not attempts:
+                return self.expect(False, label, measured=f"no optimizer step seen in {run.label}",
+                                   expected="torch.optim optimizer steps, seen by the probe")
+            counts += [(run, k, max(taken.values())) for k, taken in enumerate(attempts)]
+        total, retrained = sum(n for _, _, n in counts), sum(run.restarts for run in runs)
+        if steps <= total <= steps + retrained:
+            return True
+        taken = ", ".join((f"{n} steps" + (f" after restart {k}" if k else "")
+                           + (f" in {run.label}" if len(runs) > 1 else "")) for run, k, n in counts)
+        return self.expect(False, label, measured=f"optimizer steps taken: {taken}",
+                           expected=f"{steps} steps in all: a resumed run carries on after its "
+                                    "checkpoint's step" + (f", retraining at most {retrained} "
+                                    "step(s) in flight at a kill" if retrained else ""))
 
 
 def run_check(fn: Callable, checker: Checker) -> CheckResult:

@@ -11,15 +11,32 @@ when the script ends well, sends what it measured with report(probe=...):
 - weights: the parameters of every model wrapped in DistributedDataParallel, read
   from the model itself at the end (values and a sha256 of the raw bytes, so bitwise
   equality can be checked);
+- buffers: the running statistics (running_mean, running_var) of every BatchNorm
+  layer of those models, read from the layers at the end, whatever the script reports;
 - allreduce: how many gradient all-reduces DDP launched between optimizer steps,
   counted by labutils.course.ddp_probes.BucketRecorder as the communication hook (one call
   per bucket);
+- steps: the optimizer steps this rank took in this attempt (every optimizer's step(),
+  seen by a global post-step hook, except those with learning rate 0, which train
+  nothing: torch.distributed.checkpoint takes one to create an optimizer's state),
+  sent after each step as it happens, with
+  torchrun's restart count: the count of an attempt killed halfway is known too, so
+  a check can tell a resumed attempt from one that trains from step 0 again;
+- traffic: every operation this rank asked of a process group, in order, with the
+  bytes of its tensors: counted at the ProcessGroup itself, so it sees dist.isend,
+  torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
 - files: what the rank did with files: every file it opened for writing (open(),
   torch.save() to a path), every rename (os.replace, os.rename) and every torch.load(),
-  with the map_location it was given. Paths inside the working directory are relative
-  to it. A check can tell from them which ranks write a checkpoint, and whether they
-  load it onto their own device (map_location is harmless on CPU: on GPUs, a load
-  without it puts every rank's tensors on the GPU they were saved from).
+  with the map_location it was given and the devices of the tensors it returned,
+  and the rank's own device (its DDP model's). Paths inside the working directory
+  are relative to it. A check can tell from them which ranks write a checkpoint,
+  and whether they load it onto their own device (on GPUs, a load without
+  map_location puts every rank's tensors on the GPU they were saved from).
+
+Only the probe's records count as the probe's: launch_measured() hands each run a
+secret in the environment, which the probe takes out before the script starts and
+puts in each of its records; records that claim a probe without it, the script's own
+report(probe=...), are dropped from result.records (own_records()).
 """
 
 from __future__ import annotations
@@ -27,9 +44,21 @@ from __future__ import annotations
 import hashlib
 import os
 import runpy
+import secrets
 import sys
+from collections.abc import Callable
 
-MEASURES = ("weights", "allreduce", "files")
+MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files")
+SECRET_ENV = "LABUTILS_PROBE_SECRET"   # the run's secret, read and removed by the probe
+TAG = "probe_tag"                      # the record's field that carries it
+# ProcessGroup operations the traffic probe counts: the point-to-point ones, then every
+# collective a ring could be replaced with (barrier carries no data: not counted).
+POINT_TO_POINT = ("send", "recv", "recv_anysource")
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather",
+               "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced",
+               "all_gather_single", "reduce_scatter", "_reduce_scatter_base",
+               "reduce_scatter_single", "reduce_scatter_tensor_coalesced", "alltoall",
+               "alltoall_base", "all_to_all_single", "gather", "scatter")
 
 
 def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs):
@@ -40,7 +69,7 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
         nproc: ranks.
         measure: probes, a subset of MEASURES.
         args: the script's command-line arguments.
-        launch_kwargs: passed on to labutils.launch (hang_timeout, fault, display...).
+        launch_kwargs: passed on to labutils.launch (hang_timeout, fault, display, env...).
     """
     from labutils.run.launcher import launch
 
@@ -49,10 +78,31 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
         raise ValueError(f"measure: expected some of {MEASURES}, got {list(measure)}")
     probe_args = ["--measure", ",".join(sorted(measure)), "--", os.path.abspath(script),
                   *map(str, args)]
-    return launch(__file__, nproc, args=probe_args, **launch_kwargs)
+    secret = secrets.token_hex(16)
+    env = {**(launch_kwargs.pop("env", None) or {}), SECRET_ENV: secret}
+    result = launch(__file__, nproc, args=probe_args, env=env, **launch_kwargs)
+    result.records = own_records(result.records, secret)
+    return result
 
 
-def _install(measures: set[str]) -> dict:
+def own_records(records: list[dict], secret: str | None = None) -> list[dict]:
+    """The script's own records, and the probe's that carry the run's secret (without it).
+
+    Args:
+        records: a run's records, as result.records holds them.
+        secret: the secret launch_measured() gave the run; None for a run without the
+            probe, whose records that claim a probe are all the script's.
+    """
+    kept = []
+    for record in records:
+        if "probe" not in record and TAG not in record:
+            kept.append(record)
+        elif secret and record.get(TAG) == secret and "probe" in record:
+            kept.append({k: v for k, v in record.items() if k != TAG})
+    return kept
+
+
+def _install(measures: set[str], send: Callable[..., None]) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from labutils.course.ddp_probes import BucketRecorder
@@ -68,18 +118,68 @@ def _install(measures: set[str]) -> dict:
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]  # the probe's wrapper
 
-    if "allreduce" in measures:
+    if measures & {"allreduce", "steps"}:
         from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        state["steps"] = 0
 
         def after_step(optimizer, args, kwargs):
             calls = sum(len(r.calls) for r in state["recorders"])
             state["per_step"].append(calls - state["counted"])
             state["counted"] = calls
+            if "steps" not in measures or all(
+                    float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups):
+                return  # lr 0 trains nothing: dcp's get/set_state_dict steps so to make state
+            state["steps"] += 1
+            send(probe="steps", restart=restart, taken=state["steps"])  # now: a kill may come
 
         register_optimizer_step_post_hook(after_step)
+    if "traffic" in measures:
+        state["traffic"] = count_traffic()
     if "files" in measures:
         state["files"] = _watch_files()
     return state
+
+
+def _tensors(obj):
+    """Every tensor in obj (a tensor, or lists, tuples and dicts of them)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def count_traffic() -> list[list]:
+    """Log every operation this process asks of a process group from now on.
+
+    Wraps the ProcessGroup's methods, which every Python path ends in (dist.*,
+    torch.distributed.distributed_c10d.*, batch_isend_irecv, P2POp), so a wrapper of the
+    dist.* names cannot be gone around. Returns the log, which grows as operations come:
+    [name, bytes] each, the ProcessGroup method's name (send, recv, allreduce, ...) and
+    the bytes of the tensors in its first argument: what a send sends, what a
+    collective contributes. Each call installs one more counter."""
+    from torch.distributed import ProcessGroup
+
+    log: list[list] = []
+
+    def counted(name, original):
+        def operation(self, *args, **kwargs):
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            log.append([name, sum(t.numel() * t.element_size() for t in _tensors(first))])
+            return original(self, *args, **kwargs)
+        return operation
+
+    for name in POINT_TO_POINT + COLLECTIVES:
+        if hasattr(ProcessGroup, name):
+            setattr(ProcessGroup, name, counted(name, getattr(ProcessGroup, name)))
+    return log
 
 
 def _shown_path(path) -> str:
@@ -125,11 +225,15 @@ def _watch_files() -> dict:
     def watched_load(*args, **kwargs):
         bound = load_signature.bind_partial(*args, **kwargs).arguments
         file = bound.get("f")
-        seen["loads"].append({
+        call = {
             "file": _shown_path(file) if isinstance(file, (str, os.PathLike)) else type(file).__name__,
             "map_location": _shown_location(bound.get("map_location")),
-        })
-        return original_load(*args, **kwargs)
+            "devices": [],
+        }
+        seen["loads"].append(call)
+        loaded = original_load(*args, **kwargs)
+        call["devices"] = sorted({str(t.device) for t in _tensors(loaded)})
+        return loaded
 
     def renamer(original):
         def watched(src, dst, *args, **kwargs):
@@ -144,9 +248,7 @@ def _watch_files() -> dict:
     return seen
 
 
-def _send(measures: set[str], state: dict) -> None:
-    from labutils.dist import report
-
+def _send(measures: set[str], state: dict, send: Callable[..., None]) -> None:
     if "weights" in measures:
         for index, model in enumerate(state["models"]):
             names, values, digest = [], [], hashlib.sha256()
@@ -155,34 +257,55 @@ def _send(measures: set[str], state: dict) -> None:
                 digest.update(data.numpy().tobytes())
                 names.append(name)
                 values.extend(data.flatten().tolist())
-            report(probe="weights", model=index, names=names, values=values,
-                   sha256=digest.hexdigest())
+            send(probe="weights", model=index, names=names, values=values,
+                 sha256=digest.hexdigest())
+    if "buffers" in measures:
+        from torch.nn.modules.batchnorm import _NormBase
+
+        for index, model in enumerate(state["models"]):
+            layers = {}
+            for name, module in model.named_modules():
+                mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+                if isinstance(module, _NormBase) and mean is not None and var is not None:
+                    layers[name] = {"running_mean": mean.detach().cpu().tolist(),
+                                    "running_var": var.detach().cpu().tolist()}
+            send(probe="buffers", model=index, layers=layers)
     if "allreduce" in measures:
         calls = sum(len(r.calls) for r in state["recorders"])
-        report(probe="allreduce", per_step=state["per_step"], after_last_step=calls - state["counted"])
+        send(probe="allreduce", per_step=state["per_step"], after_last_step=calls - state["counted"])
+    if "traffic" in measures:
+        send(probe="traffic", operations=state["traffic"])
     if "files" in measures:
-        report(probe="files", **state["files"])
+        params = [p for model in state["models"] for p in model.parameters()]
+        send(probe="files", device=str(params[0].device) if params else "cpu", **state["files"])
 
 
 def main(argv: list[str]) -> None:
     if "--" not in argv or argv[:1] != ["--measure"]:
-        raise SystemExit("usage: probe.py --measure weights,allreduce,files -- SCRIPT [ARGS...]")
+        raise SystemExit(f"usage: probe.py --measure {','.join(MEASURES)} -- SCRIPT [ARGS...]")
     cut = argv.index("--")
     measures = set(filter(None, argv[1].split(","))) if cut == 2 else set()
     unknown = measures - set(MEASURES)
     if unknown:
         raise SystemExit(f"probe.py: unknown measures {sorted(unknown)}; known: {MEASURES}")
     script, script_args = argv[cut + 1], argv[cut + 2:]
+    # The secret leaves the environment before the script runs: it cannot sign records.
+    secret = os.environ.pop(SECRET_ENV, "")
+    from labutils.dist import report  # bound now: the script cannot swap it for the probe
+
+    def send(**values) -> None:
+        report(**values, **{TAG: secret})
+
     # The learner's folder, not this package's, is the script's first import path.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    state = _install(measures)
+    state = _install(measures, send)
     sys.argv = [script, *script_args]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise
-    _send(measures, state)
+    _send(measures, state, send)
 
 
 if __name__ == "__main__":

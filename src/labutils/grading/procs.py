@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -128,3 +129,37 @@ def folder_bytes(path: str | os.PathLike, *, limit: int) -> int:
         except OSError:
             continue
     return total
+
+
+LAB_CPUS = 2.0   # the labs' hang timeouts are set for a 2-core machine
+
+
+def available_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (v2's
+    cpu.max, v1's cpu.cfs_quota_us), e.g. 0.5 in Gradescope's default container."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    root = Path(cgroup_root)
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+        return cpus
+    except (OSError, ValueError):
+        pass
+    for folder in (root / "cpu,cpuacct", root / "cpu"):
+        try:
+            quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+            period_us = int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        if quota_us > 0 and period_us > 0:
+            cpus = min(cpus, quota_us / period_us)
+        break
+    return cpus
+
+
+def hang_scale(cpus: float | None = None) -> float:
+    """How much longer a hang timeout must be on this machine than on the 2 cores the labs
+    were set for: a rank that merely waits for a CPU must not count as hung."""
+    cpus = available_cpus() if cpus is None else cpus
+    return max(1.0, LAB_CPUS / max(cpus, 0.05))

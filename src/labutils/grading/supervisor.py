@@ -295,6 +295,14 @@ class Supervisor:
                     return
             procs.reap_children(keep={proc.pid})
 
+    def _parameters(self) -> dict:
+        """The lab's notebook parameters, its hang timeout scaled to the CPUs this grader
+        has (labs are set for 2 cores; Gradescope's default container has half of one)."""
+        parameters = dict(self.config.get("parameters", {}))
+        if isinstance(parameters.get("hang_timeout"), (int, float)):
+            parameters["hang_timeout"] = round(parameters["hang_timeout"] * procs.hang_scale(), 1)
+        return parameters
+
     # ------------------------------------------------------------------ grade
     def notebook_test(self, notebook: Path | None, problem: str) -> tuple[dict, dict]:
         points = float(self.config.get("notebook_points", 1))
@@ -306,7 +314,7 @@ class Supervisor:
         executed = self.work / ".executed.ipynb"
         python = sys.executable
         command = [python, "-m", "labutils.grading.execute", str(notebook), str(executed),
-                   "--parameters", json.dumps(self.config.get("parameters", {})),
+                   "--parameters", json.dumps(self._parameters()),
                    "--timeout", str(self.job["timeout"]),
                    "--max-output-bytes", str(self.limits["output_bytes"]), "--nonce-stdin"]
         phase = self.run_phase("notebook", command, timeout=self.job["timeout"] + 30,

@@ -1,0 +1,60 @@
+"""Wrong fixes of lab 05 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/05_ring_allreduce`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+BODY = '''    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return tensor
+'''
+
+# the solution's reduce-scatter and all-gather
+RING = '''    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor
+
+    for step in range(world - 1):  # reduce-scatter
+        send, recv = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
+        incoming = torch.empty_like(recv)
+        _exchange(send, incoming, right, left)
+        recv += incoming
+
+    for step in range(world - 1):  # all-gather
+        send, recv = chunks[(rank - step + 1) % world], chunks[(rank - step) % world]
+        _exchange(send, recv, right, left)
+    return tensor
+'''
+
+WRONG_FIXES = [
+    WrongFix(
+        "calls the library's all-reduce through torch.distributed.distributed_c10d",
+        why="no deadlock and the right sum, but no ring: only bytes counted at the process "
+            "group see the collective (a wrapper of the dist.* names misses this path)",
+        edits={"ring.py": [(BODY, '''    from torch.distributed import distributed_c10d
+
+    distributed_c10d.all_reduce(tensor)  # the ring can wait
+    return tensor
+''')]}),
+    WrongFix(
+        "a ring whose neighbours are right only at 2 ranks",
+        why="at 2 ranks the other rank is both neighbours; at 3 the ring is broken",
+        edits={"ring.py": [("right, left = (rank + 1) % world, (rank - 1) % world",
+                            "right = left = 1 - rank  # the other rank")]}),
+    WrongFix(
+        "sums a copy and returns it: the input tensor is left as it was",
+        why="dist.all_reduce works in place; callers that ignore the return value get nothing",
+        edits={"ring.py": [(BODY, BODY + "    tensor = tensor.clone()  # leave the input alone\n")]}),
+    WrongFix(
+        "a naive ring: every rank passes its whole tensor around, n-1 times",
+        why="the right sum with point-to-point messages only, but each rank sends n-1 "
+            "tensors instead of 2(n-1)/n: the same at 2 ranks, twice the optimum's bytes at 4",
+        edits={"ring.py": [(RING, '''    passing = tensor.clone()
+    for _ in range(world - 1):  # hand what came from the left on to the right
+        incoming = torch.empty_like(passing)
+        _exchange(passing, incoming, right, left)
+        tensor += incoming
+        passing = incoming
+    return tensor
+''')]}),
+]

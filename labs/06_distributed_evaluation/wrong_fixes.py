@@ -1,0 +1,63 @@
+"""Wrong fixes of lab 06 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/06_distributed_evaluation`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+STARTER_LOADER = '''loader = DataLoader(dataset, batch_size=args.batch_size,
+                    sampler=DistributedSampler(dataset, shuffle=False))'''
+STARTER_IMPORT = "from torch.utils.data import DataLoader, DistributedSampler"
+WITH_SUBSET = "from torch.utils.data import DataLoader, DistributedSampler, Subset"
+
+
+def _drops_the_last_item_of(who: str) -> dict:
+    """The starter's padded shares, with one rank's last item dropped."""
+    return {"evaluate.py": [(STARTER_IMPORT, WITH_SUBSET), (STARTER_LOADER, f'''share = list(DistributedSampler(dataset, shuffle=False))
+if {who}:  # 11 items on 3 ranks become 12: the padded duplicate is the last item
+    share = share[:-1]
+loader = DataLoader(Subset(dataset, share), batch_size=args.batch_size)''')]}
+
+
+WRONG_FIXES = [
+    WrongFix(
+        "rank 0 evaluates every item, the other ranks idle",
+        why="the metric is right, but nothing is shared: on a real held-out set the other "
+            "GPUs wait while one does all the work",
+        edits={"evaluate.py": [("Subset(dataset, range(rank, len(dataset), world_size))",
+                                "dataset if rank == 0 else Subset(dataset, [])")]}),
+    WrongFix(
+        "drop_last=True: the padding goes, and real items with it",
+        why="DistributedSampler(drop_last=True) trims the shares to equal length: 11 items "
+            "at 2 ranks score 10",
+        base="starter",
+        edits={"evaluate.py": [("DistributedSampler(dataset, shuffle=False))",
+                                "DistributedSampler(dataset, shuffle=False, drop_last=True))")]}),
+    WrongFix(
+        "counts every item once, then averages the ranks' accuracies",
+        why="the mean of per-rank accuracies is the accuracy only when the shares are equal; "
+            "11 items at 3 ranks are 4, 4 and 3",
+        edits={"evaluate.py": [(
+            "dist.all_reduce(correct)  # sums over the ranks\ndist.all_reduce(counted)\n"
+            "accuracy = correct.item() / counted.item()",
+            "share = torch.tensor(correct.item() / max(1, counted.item()))\n"
+            "dist.all_reduce(share)\ndist.all_reduce(counted)\naccuracy = share.item() / world_size")]}),
+    WrongFix(
+        "divides by the dataset's size: the padded duplicates are still scored",
+        why="the count is right by construction, and the accuracy too while the duplicated "
+            "items happen to be predicted wrong",
+        base="starter",
+        edits={"evaluate.py": [
+            ("accuracy = correct.item() / counted.item()", "accuracy = correct.item() / len(dataset)"),
+            ("report(accuracy=accuracy, predictions=counted.item())",
+             "report(accuracy=accuracy, predictions=len(dataset))")]}),
+    WrongFix(
+        "the last rank drops its last item: right only when one item is padded",
+        why="11 items at 2 or 3 ranks pad one duplicate; 13 items at 3 ranks pad two",
+        base="starter", edits=_drops_the_last_item_of("rank == world_size - 1")),
+    WrongFix(
+        "rank 1 drops its last item: right only at 2 ranks",
+        why="at 2 ranks the padded duplicate is rank 1's last item; at 3 ranks it is rank 2's",
+        base="starter", edits=_drops_the_last_item_of("rank == 1")),
+]

@@ -1,0 +1,33 @@
+"""Wrong fixes of lab 07 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/07_resume_after_kill`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+LOAD = '''if os.path.exists(args.ckpt):
+    checkpoint = torch.load(args.ckpt, map_location=device)'''
+
+WRONG_FIXES = [
+    WrongFix(
+        "saves every step but never loads: the restart trains again from step 0",
+        why="training is deterministic, so the final weights of a run that starts over equal "
+            "an uninterrupted run's; only the steps each attempt took tell it apart",
+        edits={"train.py": [(LOAD, '''if False:  # resuming is for later
+    checkpoint = torch.load(args.ckpt, map_location=device)''')]}),
+    WrongFix(
+        "loads the weights but not the optimizer: the momentum starts from zero",
+        why="the half fix of the starter: the resumed steps use other updates",
+        edits={"train.py": [(
+            '    optimizer.load_state_dict(checkpoint["optimizer"])  # the momentum buffers are state too\n',
+            "")]}),
+    WrongFix(
+        "resumes at the checkpoint's step, training that step twice",
+        why="the checkpoint is written after its step: resuming at it repeats one step",
+        edits={"train.py": [('start = checkpoint["step"] + 1', 'start = checkpoint["step"]')]}),
+    WrongFix(
+        "every rank writes the checkpoint to the same file",
+        why="two writers race on one path; the kill can land while either writes",
+        edits={"train.py": [("    if rank == 0:\n        # write", "    if True:\n        # write")]}),
+]

@@ -1,0 +1,55 @@
+"""Wrong fixes of lab 08 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/08_three_bugs`); never in
+a learner's copy. The lab is three bugs: a fix of two of them is a wrong fix.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+ZERO_GRAD = "        optimizer.zero_grad()  # backward() adds to .grad: clear last step's gradients\n"
+SET_EPOCH = "    sampler.set_epoch(epoch)  # a new permutation each epoch, the same on every rank\n"
+SAMPLER = "sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)"
+SAVE = '''if rank == 0:  # one copy of the weights is enough: every rank holds the same
+    os.makedirs(os.path.dirname(args.ckpt) or ".", exist_ok=True)
+    # the plain model's weights: DDP's own state_dict names them "module.0.weight", ...,
+    # which the plain model (keys "0.weight", ...) refuses to load with strict=True
+    torch.save(model.module.state_dict(), args.ckpt)
+'''
+
+WRONG_FIXES = [
+    WrongFix(
+        "two of three: the data and the gradients fixed, DDP's state_dict still saved",
+        why="the checkpoint's keys start with 'module.': the plain model refuses it",
+        edits={"train.py": [("torch.save(model.module.state_dict(), args.ckpt)",
+                             "torch.save(model.state_dict(), args.ckpt)")]}),
+    WrongFix(
+        "two of three: the data and the checkpoint fixed, no zero_grad()",
+        why="backward() adds to .grad: every step also applies all the earlier gradients",
+        edits={"train.py": [(ZERO_GRAD, "")]}),
+    WrongFix(
+        "two of three: the gradients and the checkpoint fixed, every rank on the whole dataset",
+        why="without DistributedSampler each rank trains on every item, in the same order",
+        base="starter",
+        edits={"train.py": [
+            ("        loss.backward()\n", "        optimizer.zero_grad()\n        loss.backward()\n"),
+            ("torch.save(model.state_dict(), args.ckpt)",
+             "torch.save(model.module.state_dict(), args.ckpt)")]}),
+    WrongFix(
+        "DistributedSampler without set_epoch: the same order every epoch",
+        why="the sampler shuffles with seed + epoch, and its epoch stays 0",
+        edits={"train.py": [(SET_EPOCH, "")]}),
+    WrongFix(
+        "DistributedSampler seeded with the rank: the shares overlap",
+        why="each rank cuts its share of another permutation: items twice, others never",
+        edits={"train.py": [(SAMPLER, "sampler = DistributedSampler(dataset, shuffle=True, seed=rank)")]}),
+    WrongFix(
+        "zero_grad() after backward(): every step applies a zero gradient",
+        why="the gradients are cleared between backward() and step(): the weights never move",
+        edits={"train.py": [(ZERO_GRAD, ""),
+                            ("        loss.backward()\n",
+                             "        loss.backward()\n        optimizer.zero_grad()\n")]}),
+    WrongFix(
+        "model.module saved, but before training",
+        why="the checkpoint loads with strict=True, and holds the initial weights",
+        edits={"train.py": [(SAVE, ""), ("step = 0\n", SAVE + "\nstep = 0\n")]}),
+]

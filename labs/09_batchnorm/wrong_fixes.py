@@ -1,0 +1,44 @@
+"""Wrong fixes of lab 09 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/09_batchnorm`); never in a
+learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+REPORT = "report(val_loss=val_loss, running_mean=norm.running_mean, running_var=norm.running_var)"
+
+WRONG_FIXES = [
+    WrongFix(
+        "turns DDP's buffer broadcast back on: every rank gets rank 0's statistics",
+        why="the statistics agree across ranks, but they are rank 0's shard's, not the "
+            "global batch's",
+        base="starter",
+        edits={"train.py": [("DDP(model, forward_sync_buffers=False)", "DDP(model)")]}),
+    WrongFix(
+        "averages the ranks' running statistics once, at the end",
+        why="identical on every rank, but the training normalised with each shard's own "
+            "statistics, and the variance of a union is not the mean of the variances",
+        base="starter",
+        edits={"train.py": [("norm = plain[1]\n", '''norm = plain[1]
+for buffer in (norm.running_mean, norm.running_var):
+    dist.all_reduce(buffer)
+    buffer /= world_size
+''')]}),
+    WrongFix(
+        "reports the one-process reference's statistics instead of its own",
+        why="report what the check wants: the model keeps each rank's own statistics",
+        base="starter",
+        edits={"train.py": [(REPORT, '''from shards import reference_model
+
+wanted = reference_model(world_size=world_size, steps=args.steps, batch_size=args.batch_size,
+                         lr=args.lr, seed=args.seed)[1]
+report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.running_var)''')]}),
+    WrongFix(
+        "synchronised statistics whose backward skips the all-reduce",
+        why="the forward is the global batch's, but each rank's gradient ignores how its items "
+            "moved the other ranks' statistics, so the weights drift from the reference",
+        edits={"train.py": [('''        total = grad.clone()
+        dist.all_reduce(total)
+        return total''', '''        return grad  # the forward already summed''')]}),
+]

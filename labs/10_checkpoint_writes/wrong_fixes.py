@@ -1,0 +1,42 @@
+"""Wrong fixes of lab 10 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/10_checkpoint_writes`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+LOAD = '''    checkpoint = torch.load(args.ckpt, map_location=device)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    start = checkpoint["step"] + 1  # the checkpoint is written after its step is done
+'''
+IN_PLACE = [('    partial = path + ".partial"\n', '    partial = path  # one writer: no race\n'),
+            ("    os.replace(partial, path)\n", "")]
+
+WRONG_FIXES = [
+    WrongFix(
+        "one writer, but in place; a try/except starts over when the file is half written",
+        why="the kill leaves half a checkpoint; training from step 0 again hides it, since "
+            "training is deterministic: only the steps each attempt took and the writes show it",
+        edits={"train.py": IN_PLACE + [(LOAD, "    try:\n" + LOAD.replace("\n    ", "\n        ")
+                                        .replace("    checkpoint", "        checkpoint", 1)
+                                        + "    except Exception:  # half written: start over\n"
+                                          "        start = 0\n")]}),
+    WrongFix(
+        "every rank writes, through the same temporary file and a rename",
+        why="the rename is atomic, but two ranks truncate and write one .partial file at once",
+        edits={"train.py": [("    if rank == 0:  # the ranks hold identical state: one writer, "
+                             "no race on the file\n        write_checkpoint(",
+                             "    if True:  # every rank, atomically\n        write_checkpoint(")]}),
+    WrongFix(
+        "map_location='cuda:0': every rank loads onto rank 0's GPU",
+        why="a map_location is given, but it is the GPU bug itself: the rank's own device is "
+            "the one to load onto",
+        edits={"train.py": [("torch.load(args.ckpt, map_location=device)",
+                             'torch.load(args.ckpt, map_location="cuda:0")')]}),
+    WrongFix(
+        "saves atomically from one rank but never loads: the restart trains from step 0",
+        why="the final weights equal an uninterrupted run's, since training is deterministic",
+        edits={"train.py": [("if os.path.exists(args.ckpt):", "if False:  # resuming is for later")]}),
+]

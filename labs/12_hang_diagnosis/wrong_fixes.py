@@ -1,0 +1,57 @@
+"""Wrong fixes of lab 12 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/12_hang_diagnosis`);
+never in a learner's copy. None of them comes with a diagnosis (the notebook's
+answer): their scores are the checks of the fix alone, plus the notebook's point.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+VOTE = '''    corrupt = torch.isnan(y).any().float().reshape(1)
+    dist.all_reduce(corrupt)  # how many ranks hold a corrupt reading in this step
+'''
+BRANCH = '''    if torch.isnan(y).any():
+        # a corrupt reading in this rank's batch: tell the other ranks, so that they skip
+        # the step too
+        skip = torch.ones(1, device=device)
+        dist.broadcast(skip, src=rank)
+'''
+
+WRONG_FIXES = [
+    WrongFix(
+        "no collective: every rank reads every rank's readings of the step",
+        why="with the whole dataset on every rank this needed no collective; each rank "
+            "now holds only its own shard, and readings.py refuses another rank's",
+        edits={"train.py": [(VOTE, '''    # look at every rank's readings of this step: no collective needed
+    others = [own_shard(r, world_size, items=args.items, corrupt=args.corrupt, seed=args.seed)
+              for r in range(world_size)]
+    batch = slice(step * args.batch_size, (step + 1) * args.batch_size)
+    corrupt = torch.tensor([float(any(torch.isnan(s.tensors[1][batch]).any() for s in others))])
+''')]}),
+    WrongFix(
+        "every rank takes rank 0's word: a broadcast from rank 0 at every step",
+        why="every rank calls it, so nothing hangs, but rank 0 knows only its own readings: "
+            "a corrupt reading on another rank is trained on",
+        edits={"train.py": [("    dist.all_reduce(corrupt)  # how many ranks hold a corrupt reading in this step\n",
+                             "    dist.broadcast(corrupt, src=0)  # rank 0 decides for everyone\n")]}),
+    WrongFix(
+        "the broadcast moved out of the branch, still from src=rank",
+        why="every rank calls a broadcast at every step, each from its own source: the "
+            "collectives do not match",
+        base="starter",
+        edits={"train.py": [(BRANCH, '''    skip = torch.isnan(y).any().float().reshape(1)
+    dist.broadcast(skip, src=rank)  # every rank calls it now, at every step
+    if skip.item() > 0:
+''')]}),
+    WrongFix(
+        "the NaN replaced with 0: nothing to skip",
+        why="the run finishes, but it trains on made-up targets and skips no step",
+        base="starter",
+        edits={"train.py": [("x, y = x.to(device), y.to(device)",
+                             "x, y = x.to(device), torch.nan_to_num(y.to(device))")]}),
+    WrongFix(
+        "the rank with the corrupt reading skips alone, telling no one",
+        why="it skips the step's gradient all-reduce that the other ranks wait in",
+        base="starter",
+        edits={"train.py": [("        dist.broadcast(skip, src=rank)\n", "")]}),
+]

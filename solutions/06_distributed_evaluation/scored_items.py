@@ -1,0 +1,1 @@
+../../labs/06_distributed_evaluation/scored_items.py

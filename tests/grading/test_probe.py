@@ -1,0 +1,123 @@
+"""The grader's probe (labutils.grading.probe): its records, and the checks' reading of them.
+
+The pure parts run without processes; one real 2-rank run checks what the probe measures
+inside the ranks against what the script did, and that the script cannot sign a record
+as the probe's.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from labutils.grading.checks import Checker, Run
+from labutils.grading.probe import TAG, launch_measured, own_records
+from labutils.run.result import RankResult, RunResult
+
+SECRET = "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("record", "kept"),
+    [
+        ({"rank": 0, "step": 1, "loss": 0.5}, {"rank": 0, "step": 1, "loss": 0.5}),  # the script's
+        ({"rank": 0, "probe": "weights", "sha256": "ab", TAG: SECRET},
+         {"rank": 0, "probe": "weights", "sha256": "ab"}),                           # the probe's
+        ({"rank": 0, "probe": "weights", "sha256": "ab"}, None),                     # claimed, unsigned
+        ({"rank": 0, "probe": "weights", "sha256": "ab", TAG: "guess"}, None),       # wrong secret
+        ({"rank": 0, "loss": 1.0, TAG: SECRET}, None),                               # a tag, no probe
+    ],
+)
+def test_only_the_probe_signs_probe_records(record, kept):
+    assert own_records([record], SECRET) == ([kept] if kept else [])
+    # a run without the probe: nothing is the probe's
+    assert own_records([record]) == ([record] if "probe" not in record and TAG not in record else [])
+
+
+def _run(steps_records, *, attempts=1, tmp_path=Path(".")) -> Run:
+    records = [{"rank": rank, "probe": "steps", "restart": restart, "taken": taken}
+               for restart, rank, taken in steps_records]
+    result = RunResult(ok=True, world_size=2, duration_s=1.0, log_dir=tmp_path,
+                       ranks=[RankResult(rank=0), RankResult(rank=1)], reason="ok",
+                       attempts=[{}] * attempts, records=records)
+    return Run(label="train.py on 2 ranks", result=result, learner_dir=tmp_path)
+
+
+def _live(restart, counts):
+    """The probe's live records of one attempt: rank -> steps taken, one record per step."""
+    return [(restart, rank, k) for rank, n in counts.items() for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "passes"),
+    [
+        ([{0: 10, 1: 10}], True),                      # uninterrupted
+        ([{0: 6, 1: 6}, {0: 4, 1: 4}], True),          # killed after step 5, resumed at 6
+        ([{0: 6, 1: 6}, {0: 5, 1: 5}], True),          # step 5 in flight, trained again
+        ([{0: 6, 1: 6}, {0: 10, 1: 10}], False),       # started over from step 0
+        ([{0: 6, 1: 6}, {0: 3, 1: 3}], False),         # skipped a step
+        ([], False),                                   # no optimizer step seen
+    ],
+)
+def test_each_step_once_tells_a_resume_from_a_new_start(attempts, passes, tmp_path):
+    records = [r for k, counts in enumerate(attempts) for r in _live(k, counts)]
+    run = _run(records, attempts=max(1, len(attempts)), tmp_path=tmp_path)
+    assert run.steps_taken() == attempts
+    checker = Checker(tmp_path, tmp_path, tmp_path)
+    assert checker.each_step_once([run], 10, "kill and resume") is passes
+    # a gate: a failed part when it fails, nothing when it passes
+    assert [p.passed for p in checker.parts] == ([] if passes else [False])
+
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed import distributed_c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labutils.dist import init, report
+
+    rank, world_size, device = init()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(5, 3) + rank).sum().backward()
+        optimizer.step()
+    data = torch.ones(8)
+    distributed_c10d.all_reduce(data)                # around any wrapper of dist.*
+    if rank == 0:
+        dist.send(torch.ones(5), dst=1)
+    else:
+        dist.recv(torch.empty(5), src=0)
+    report(probe="steps", restart=0, taken=99)       # forged: must not count
+    report(probe="buffers", model=0, layers={})
+    report(secret_seen=__import__("os").environ.get("LABUTILS_PROBE_SECRET"))
+    bn = model.module[1]
+    report(running_mean=bn.running_mean)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_probe_measures_inside_the_ranks_and_cannot_be_forged(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    result = launch_measured(script, 2, measure=["steps", "traffic", "buffers"], display="none",
+                             hang_timeout=30, timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    run = Run(label="script.py", result=result, learner_dir=tmp_path)
+    assert run.steps_taken() == [{0: 3, 1: 3}]                      # the forged 99 is gone
+    assert {r["secret_seen"] for r in result.records if "secret_seen" in r} == {None}
+    for rank, record in run.probe("buffers").items():
+        mine = next(r["running_mean"] for r in run.rows("running_mean") if r["rank"] == rank)
+        assert record["layers"]["1"]["running_mean"] == pytest.approx(mine)
+    traffic = run.probe("traffic")
+    assert ["allreduce", 32] in traffic[0]["operations"]           # distributed_c10d.all_reduce
+    assert ["send", 20] in traffic[0]["operations"]
+    assert ["recv", 20] in traffic[1]["operations"]
+    assert not any(name == "send" for name, _ in traffic[1]["operations"])
