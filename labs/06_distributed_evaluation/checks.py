@@ -22,15 +22,14 @@ HARNESS = "scored_items.py"
 
 
 def _run(c, nproc, items):
-    return c.run(c.lab_file(HARNESS), nproc,
+    return c.run(c.lab_file(HARNESS), nproc, measure=["signed"],
                  args=["--", c.learner_file("evaluate.py"), "--items", items])
 
 
 def _shared(c, run, nproc: int, items: int, label: str) -> bool:
     """True when every rank scored its own share of the items (at least one item, at most
     ceil(items / nproc)); else a failed part saying how many items each rank scored."""
-    scored = {rank: len(set(run.values("scored", rank=rank)[-1]))
-              for rank in range(nproc) if run.values("scored", rank=rank)}
+    scored = {rank: len(set(record["items"])) for rank, record in run.probe("scored").items()}
     most = math.ceil(items / nproc)
     if len(scored) == nproc and all(0 < n <= most for n in scored.values()):
         return True

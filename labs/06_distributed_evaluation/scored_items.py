@@ -8,8 +8,9 @@ It runs the script unchanged as ``__main__``, with one difference it cannot see:
 evalset.trained_model() returns the model with a forward hook that notes every item
 it is given, and evalset.held_out_set() notes each item's features, so an item is
 known by its features, whatever loader or sampler brought it. When the script ends
-well, each rank reports report(scored=[the indices of the items its model scored]):
-what the checks compare, rather than what the script says it did.
+well, each rank reports the indices of the items its model scored, as a record of the
+grader's probe (probe="scored") that the script cannot write: what the checks compare,
+rather than what the script says it did.
 """
 
 import os
@@ -21,6 +22,9 @@ def main(argv: list[str]) -> None:
     if argv[:1] != ["--"] or len(argv) < 2:
         raise SystemExit("usage: scored_items.py -- evaluate.py [ARGS...]")
     script, script_args = argv[1], argv[2:]
+    from labutils.grading.probe import signer
+
+    send = signer()   # before the script runs: it cannot sign records
     # the learner's folder, not the lab's, is the script's first import path
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     import evalset
@@ -51,9 +55,7 @@ def main(argv: list[str]) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise
-    from labutils.dist import report
-
-    report(scored=sorted(scored))
+    send(probe="scored", items=sorted(scored))
 
 
 if __name__ == "__main__":

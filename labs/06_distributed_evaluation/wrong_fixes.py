@@ -22,6 +22,17 @@ loader = DataLoader(Subset(dataset, share), batch_size=args.batch_size)''')]}
 
 WRONG_FIXES = [
     WrongFix(
+        "rank 0 evaluates every item and every rank reports the share it should have scored",
+        why="the records a script writes are its own: the items each rank scored are read "
+            "from its model by the grader's harness, under a name the script cannot sign",
+        edits={"evaluate.py": [
+            ("Subset(dataset, range(rank, len(dataset), world_size))",
+             "dataset if rank == 0 else Subset(dataset, [])"),
+            ("if rank == 0:\n    report(accuracy=accuracy, predictions=counted.item())",
+             "report(probe=\"scored\", items=list(range(rank, len(dataset), world_size)))\n"
+             "report(scored=list(range(rank, len(dataset), world_size)))\n"
+             "if rank == 0:\n    report(accuracy=accuracy, predictions=counted.item())")]}),
+    WrongFix(
         "rank 0 evaluates every item, the other ranks idle",
         why="the metric is right, but nothing is shared: on a real held-out set the other "
             "GPUs wait while one does all the work",

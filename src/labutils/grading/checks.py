@@ -316,7 +316,9 @@ class Checker:
                 (the final parameters of every DDP model), "buffers" (their BatchNorm
                 statistics), "allreduce" (DDP all-reduces per optimizer step), "steps"
                 (optimizer steps per attempt), "traffic" (process-group operations and
-                their bytes), "files" (writes, renames, loads).
+                their bytes), "files" (writes, renames, loads); or ["signed"] alone: the
+                script is the lab's own harness, whose probe.signer() records count as
+                measured and the learner's script cannot forge.
             fault: {"rank": R, "step": S}: SIGKILL rank R when it reports step S.
             max_restarts: torchrun restarts allowed (>= 1 with fault).
             timeout: wall-clock limit of this run in seconds.

@@ -50,6 +50,7 @@ from collections.abc import Callable
 
 MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files")
 SECRET_ENV = "LABUTILS_PROBE_SECRET"   # the run's secret, read and removed by the probe
+SIGNED = "signed"   # measure=["signed"]: the script is a lab's harness that signs (signer())
 TAG = "probe_tag"                      # the record's field that carries it
 # ProcessGroup operations the traffic probe counts: the point-to-point ones, then every
 # collective a ring could be replaced with (barrier carries no data: not counted).
@@ -73,16 +74,34 @@ def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs
     """
     from labutils.run.launcher import launch
 
-    unknown = set(measure) - set(MEASURES)
-    if unknown or not measure:
-        raise ValueError(f"measure: expected some of {MEASURES}, got {list(measure)}")
-    probe_args = ["--measure", ",".join(sorted(measure)), "--", os.path.abspath(script),
-                  *map(str, args)]
     secret = secrets.token_hex(16)
     env = {**(launch_kwargs.pop("env", None) or {}), SECRET_ENV: secret}
+    if list(measure) == [SIGNED]:   # a lab's own harness: it signs with signer()
+        result = launch(script, nproc, args=[str(a) for a in args], env=env, **launch_kwargs)
+        result.records = own_records(result.records, secret)
+        return result
+    unknown = set(measure) - set(MEASURES)
+    if unknown or not measure:
+        raise ValueError(f"measure: expected some of {MEASURES} (or [{SIGNED!r}] alone), "
+                         f"got {list(measure)}")
+    probe_args = ["--measure", ",".join(sorted(measure)), "--", os.path.abspath(script),
+                  *map(str, args)]
     result = launch(__file__, nproc, args=probe_args, env=env, **launch_kwargs)
     result.records = own_records(result.records, secret)
     return result
+
+
+def signer() -> Callable[..., None]:
+    """For a lab's own harness, launched with measure=["signed"]: takes the run's secret
+    out of the environment before the learner's script starts (which then cannot sign)
+    and returns send(probe=NAME, **values), which reports values as the probe's own."""
+    secret = os.environ.pop(SECRET_ENV, "")
+    from labutils.dist import report  # bound now: the script cannot swap it
+
+    def send(**values) -> None:
+        report(**values, **{TAG: secret})
+
+    return send
 
 
 def own_records(records: list[dict], secret: str | None = None) -> list[dict]:
@@ -289,13 +308,7 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise SystemExit(f"probe.py: unknown measures {sorted(unknown)}; known: {MEASURES}")
     script, script_args = argv[cut + 1], argv[cut + 2:]
-    # The secret leaves the environment before the script runs: it cannot sign records.
-    secret = os.environ.pop(SECRET_ENV, "")
-    from labutils.dist import report  # bound now: the script cannot swap it for the probe
-
-    def send(**values) -> None:
-        report(**values, **{TAG: secret})
-
+    send = signer()   # the secret leaves the environment before the script runs
     # The learner's folder, not this package's, is the script's first import path.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     state = _install(measures, send)
