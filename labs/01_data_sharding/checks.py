@@ -3,61 +3,125 @@
 Run them yourself from this folder (the grader runs the same ones):
 
     python checks.py
+
+The items each rank reports are checked against what it trained on: the final weights
+(read by the grader's probe) must equal one process taking, step after step, the batch
+the ranks reported together.
 """
 
 from collections import Counter
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from labutils.grading import check
 
 ITEMS = 24
 EPOCHS = 3
-ARGS = ["--epochs", EPOCHS, "--items", ITEMS]
+BATCH = 5   # divides no rank's share at 2, 3 or 4 ranks: each epoch ends on a short batch
+ARGS = ["--epochs", EPOCHS, "--items", ITEMS, "--batch-size", BATCH]
+
+
+def _run(c, nproc, *, seed=0):
+    return c.run("train.py", nproc, args=[*ARGS, "--seed", seed], measure=["weights"])
 
 
 def _epochs(run):
-    """epoch -> rank -> the indices that rank trained on."""
+    """epoch -> rank -> the indices that rank reported it trained on."""
     seen = {}
     for row in run.rows("epoch", "indices"):
         seen.setdefault(row["epoch"], {})[row["rank"]] = row["indices"]
     return seen
 
 
-@check("Every item is trained on exactly once per epoch, at 2 and 3 ranks", points=4)
+def _reference_weights(batches: list[list[int]], *, seed: int) -> list[float]:
+    """One process taking each global batch at once, as train.py builds its data and model."""
+    g = torch.Generator().manual_seed(1234)
+    features = torch.randn(ITEMS, 8, generator=g)
+    labels = (features.sum(dim=1) > 0).long()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in batches:
+        loss = F.cross_entropy(model(features[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def _trained_on(c, run, nproc: int, *, seed: int = 0):
+    """The reported shares (as _epochs) when the weights show they are what the ranks
+    trained on; else None, with a failed part saying why."""
+    epochs = _epochs(run)
+    label = f"{nproc} ranks: the items reported are the items trained on"
+    batches, odd = [], []
+    for epoch in range(EPOCHS):
+        shares = [epochs.get(epoch, {}).get(r) for r in range(nproc)]
+        if any(s is None for s in shares) or len({len(s) for s in shares}) != 1:
+            odd.append(f"epoch {epoch}: shares of {[len(s) if s else 0 for s in shares]} items")
+            continue
+        # the global batch of a step: every rank's batch of that step, together
+        batches += [[i for s in shares for i in s[k:k + BATCH]] for k in range(0, len(shares[0]), BATCH)]
+    if odd:
+        c.expect(False, label, measured="; ".join(odd),
+                 expected=f"each epoch, report(epoch=..., indices=...) from all {nproc} ranks")
+        return None
+    expected = _reference_weights(batches, seed=seed)
+    got = run.probe("weights").get(0, {}).get("values", [])
+    diff = max((abs(a - b) for a, b in zip(got, expected)), default=float("inf"))
+    if len(got) != len(expected) or diff > 1e-5:
+        c.expect(False, label,
+                 measured=f"the final weights differ by up to {diff:.2e} from one process "
+                          f"taking the {len(batches)} batches the ranks reported",
+                 expected="the weights of training on exactly the reported items (within 1e-5)")
+        return None
+    return epochs
+
+
+def _cover_part(c, epochs, nproc: int, label: str) -> None:
+    """One part: each epoch the ranks' shares are disjoint and cover every item."""
+    problems = []
+    for epoch in range(EPOCHS):
+        counts = Counter(i for indices in epochs.get(epoch, {}).values() for i in indices)
+        twice = sum(1 for n in counts.values() if n > 1)
+        never = ITEMS - len(counts)
+        if twice or never or len(epochs.get(epoch, {})) != nproc:
+            problems.append(f"epoch {epoch}: {twice} items seen more than once, "
+                            f"{never} never seen, reports from {len(epochs.get(epoch, {}))} ranks")
+    c.expect(not problems, f"{label}: each of the {ITEMS} items once per epoch",
+             measured="; ".join(problems) or f"every epoch covers the {ITEMS} items once",
+             expected=f"each epoch, the ranks' shares are disjoint and cover all {ITEMS} items")
+
+
+def _order_part(c, epochs, nproc: int, label: str) -> None:
+    """One part: no rank repeats the previous epoch's order."""
+    repeats = []
+    for rank in range(nproc):
+        orders = [tuple(epochs.get(e, {}).get(rank, ())) for e in range(EPOCHS)]
+        same = sum(1 for e in range(1, EPOCHS) if orders[e] == orders[e - 1])
+        if same:
+            repeats.append(f"rank {rank} repeated the previous epoch's order {same} time(s)")
+    c.expect(not repeats, f"{label}: a new order in each of {EPOCHS} epochs",
+             measured="; ".join(repeats) or "every epoch in a new order",
+             expected="a different order of items in every epoch, on every rank")
+
+
+@check("Every item is trained on exactly once per epoch, at 2 and 3 ranks", points=3)
 def exact_cover(c):
     for nproc in (2, 3):
-        run = c.run("train.py", nproc, args=ARGS)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        epochs = _epochs(run)
-        problems = []
-        for epoch in range(EPOCHS):
-            counts = Counter(i for indices in epochs.get(epoch, {}).values() for i in indices)
-            twice = sum(1 for n in counts.values() if n > 1)
-            never = ITEMS - len(counts)
-            if twice or never or len(epochs.get(epoch, {})) != nproc:
-                problems.append(f"epoch {epoch}: {twice} items seen more than once, "
-                                f"{never} never seen, reports from {len(epochs.get(epoch, {}))} ranks")
-        c.expect(not problems, f"{nproc} ranks: each of the {ITEMS} items once per epoch",
-                 measured="; ".join(problems) or f"every epoch covers the {ITEMS} items once",
-                 expected=f"each epoch, the ranks' shares are disjoint and cover all {ITEMS} items")
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks") and (epochs := _trained_on(c, run, nproc)):
+            _cover_part(c, epochs, nproc, f"{nproc} ranks")
 
 
 @check("The order of the items changes from epoch to epoch", points=3)
 def new_order_each_epoch(c):
     for nproc in (2, 3):
-        run = c.run("train.py", nproc, args=ARGS)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        epochs = _epochs(run)
-        repeats = []
-        for rank in range(nproc):
-            orders = [tuple(epochs.get(e, {}).get(rank, ())) for e in range(EPOCHS)]
-            same = sum(1 for e in range(1, EPOCHS) if orders[e] == orders[e - 1])
-            if same:
-                repeats.append(f"rank {rank} repeated the previous epoch's order {same} time(s)")
-        c.expect(not repeats, f"{nproc} ranks: a new order in each of {EPOCHS} epochs",
-                 measured="; ".join(repeats) or "every epoch in a new order",
-                 expected="a different order of items in every epoch, on every rank")
+        run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks") and (epochs := _trained_on(c, run, nproc)):
+            _order_part(c, epochs, nproc, f"{nproc} ranks")
 
 
 if __name__ == "__main__":

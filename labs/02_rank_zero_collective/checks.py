@@ -3,12 +3,20 @@
 Run them yourself from this folder (the grader runs the same ones):
 
     python checks.py
+
+The losses each rank reports are checked against one process replaying the run (the
+same batches, model and steps), so a log line is compared with losses really trained.
 """
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from labutils.grading import check
 
 STEPS, LOG_EVERY = 12, 4
 ARGS = ["--steps", STEPS, "--log-every", LOG_EVERY]
+BATCH = 8  # train.py's --batch-size
 
 
 @check("Training finishes at 2 and 3 ranks (no hang)", points=4)
@@ -27,16 +35,50 @@ def global_loss(c):
             _logged_means(c, run, nproc, STEPS, LOG_EVERY, f"{nproc} ranks")
 
 
+def _replayed_losses(nproc: int, steps: int) -> dict:
+    """(step, rank) -> the loss of that rank's batch, from one process replaying the run:
+    train.py's batches and model, each step the gradient of the mean over the ranks (DDP's)."""
+    target = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = {}
+    for step in range(steps):
+        per_rank = []
+        for rank in range(nproc):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x = torch.randn(BATCH, 4, generator=g)
+            y = x @ target + 0.1 * torch.randn(BATCH, 1, generator=g)
+            per_rank.append(F.mse_loss(model(x), y))
+            losses[step, rank] = per_rank[-1].item()
+        optimizer.zero_grad()
+        (sum(per_rank) / nproc).backward()
+        optimizer.step()
+    return losses
+
+
 def _logged_means(c, run, nproc: int, steps: int, log_every: int, label: str) -> None:
-    """One part: every loss rank 0 logged is the mean of the losses all ranks reported."""
+    """One part: every loss rank 0 logged is the mean of the losses all ranks trained on,
+    and the losses the ranks reported are those of the replayed run."""
     local = {(r["step"], r["rank"]): r["loss"] for r in run.rows("step", "loss")}
+    replayed = _replayed_losses(nproc, steps)
+    forged = [f"step {s} rank {r}: reported {local.get((s, r))}, trained {v:.6f}"
+              for (s, r), v in sorted(replayed.items())
+              if not isinstance(local.get((s, r)), (int, float))
+              or abs(local[s, r] - v) > 1e-4 * max(1.0, abs(v))]
+    if forged:
+        c.expect(False, f"{label}: the losses reported are the losses trained",
+                 measured=f"{len(forged)} of {len(replayed)} differ; " + "; ".join(forged[:3]),
+                 expected="report(step=..., loss=...) on every rank, each step, with the loss "
+                          "of its batch (one process replaying the run computes them)")
+        return
     logged = {r["log_step"]: r["global_loss"] for r in run.rows("log_step", "global_loss")
               if r["rank"] == 0}
     wrong = []
     for step in range(0, steps, log_every):
-        expected = sum(local.get((step, r), float("nan")) for r in range(nproc)) / nproc
+        expected = sum(replayed[step, r] for r in range(nproc)) / nproc
         got = logged.get(step)
-        if got is None or abs(got - expected) > 1e-5 * max(1.0, abs(expected)):
+        if got is None or abs(got - expected) > 1e-4 * max(1.0, abs(expected)):
             wrong.append(f"step {step}: logged {got}, mean of the ranks' losses {expected:.6f}")
     c.expect(not wrong, f"{label}: logged loss = mean of every rank's loss",
              measured="; ".join(wrong) or f"{len(logged)} log lines, each the mean over {nproc} ranks",

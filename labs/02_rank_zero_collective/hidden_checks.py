@@ -1,23 +1,32 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the same fix,
-measured in a case the public checks do not show: other --steps and --log-every, at 3
-ranks."""
+measured in cases the public checks do not show: other --steps and --log-every at 3
+ranks, and 4 ranks."""
 
-from checks import ARGS, _logged_means
+from checks import ARGS, LOG_EVERY, STEPS, _logged_means
 
 from labutils.grading import check
 
-STEPS, LOG_EVERY = 10, 3
+OTHER_STEPS, OTHER_LOG_EVERY = 10, 3
 
 
-@check(f"With --steps {STEPS} --log-every {LOG_EVERY}, at 3 ranks: the run finishes and every "
+@check(f"With --steps {OTHER_STEPS} --log-every {OTHER_LOG_EVERY}, at 3 ranks: the run finishes and every "
        "log line shows the loss averaged over all ranks", points=2, visibility="after_published")
 def other_log_interval(c):
     nproc = 3
-    label = f"{nproc} ranks, --steps {STEPS} --log-every {LOG_EVERY}"
+    label = f"{nproc} ranks, --steps {OTHER_STEPS} --log-every {OTHER_LOG_EVERY}"
     if not c.run("train.py", 2, args=ARGS).ok:  # the public checks' run: a hang costs seconds
         c.expect(False, label, measured="not tried, since it did not finish at 2 ranks",
                  expected="the run finishes")
         return
-    run = c.run("train.py", nproc, args=["--steps", STEPS, "--log-every", LOG_EVERY])
+    run = c.run("train.py", nproc, args=["--steps", OTHER_STEPS, "--log-every", OTHER_LOG_EVERY])
     if c.completed(run, label):
-        _logged_means(c, run, nproc, STEPS, LOG_EVERY, label)
+        _logged_means(c, run, nproc, OTHER_STEPS, OTHER_LOG_EVERY, label)
+
+
+@check("At 4 ranks: the run finishes and every log line shows the loss averaged over all 4 ranks",
+       points=2, visibility="after_published")
+def at_four_ranks(c):
+    nproc = 4
+    run = c.run("train.py", nproc, args=ARGS)  # not tried if it hung at 2 or 3 ranks
+    if c.completed(run, f"{nproc} ranks"):
+        _logged_means(c, run, nproc, STEPS, LOG_EVERY, f"{nproc} ranks")

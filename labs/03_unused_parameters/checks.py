@@ -10,8 +10,8 @@ from labutils.grading import check
 BATCH = 4
 
 
-def _run(c, nproc, batch=BATCH):
-    return c.run("train.py", nproc, args=["--batch-size", batch], measure=["weights"])
+def _run(c, nproc, batch=BATCH, args=()):
+    return c.run("train.py", nproc, args=["--batch-size", batch, *args], measure=["weights"])
 
 
 def _weights(run):

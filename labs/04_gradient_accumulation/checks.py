@@ -22,7 +22,7 @@ def _reference(c):
                  measure=["weights"])
 
 
-@check("One gradient all-reduce per optimizer step, not one per micro-batch", points=3)
+@check("One gradient all-reduce per optimizer step, not one per micro-batch", points=4)
 def one_allreduce_per_step(c):
     for nproc in RUNS:
         run = _run(c, nproc)

@@ -1,20 +1,16 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the same fix,
-measured in a case the public checks do not show: 2 micro-batches of 4 per step at 3
-ranks (3 x 2 x 4 = 24 items a step, as in the reference)."""
+measured in cases the public checks do not show: 2 micro-batches of 4 per step at 3
+ranks, and 3 micro-batches of 2 at 4 ranks (24 items a step, as in the reference)."""
 
 from checks import GLOBAL_BATCH, _reference
 
 from labutils.grading import check
 
-ACCUM, BATCH = 2, 4
 
-
-@check(f"With {ACCUM} micro-batches of {BATCH} per step, at 3 ranks: one all-reduce per step and "
-       "the weights of one process taking the whole batch", points=2, visibility="after_published")
-def other_accumulation(c):
-    nproc = 3
-    label = f"{nproc} ranks, --accum {ACCUM} --batch-size {BATCH}"
-    run = c.run("train.py", nproc, args=["--accum", ACCUM, "--batch-size", BATCH],
+def _accumulation_parts(c, nproc: int, accum: int, batch: int) -> None:
+    """Two parts: one all-reduce per optimizer step; the reference's weights."""
+    label = f"{nproc} ranks, --accum {accum} --batch-size {batch}"
+    run = c.run("train.py", nproc, args=["--accum", accum, "--batch-size", batch],
                 measure=["weights", "allreduce"])
     if not c.completed(run, label):
         return
@@ -29,3 +25,15 @@ def other_accumulation(c):
     diff = max(abs(a - b) for a, b in zip(values, expected))
     c.expect(diff <= 1e-5, f"{label}: weights = 1 rank x {GLOBAL_BATCH}",
              measured=f"largest weight difference {diff:.2e}", expected="at most 1e-5")
+
+
+@check("With 2 micro-batches of 4 per step, at 3 ranks: one all-reduce per step and "
+       "the weights of one process taking the whole batch", points=2, visibility="after_published")
+def other_accumulation(c):
+    _accumulation_parts(c, 3, accum=2, batch=4)
+
+
+@check("At 4 ranks, 3 micro-batches of 2 per step: one all-reduce per step and the weights "
+       "of one process taking the whole batch", points=2, visibility="after_published")
+def at_four_ranks(c):
+    _accumulation_parts(c, 4, accum=3, batch=2)

@@ -1,0 +1,45 @@
+"""Wrong fixes of lab 01 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/01_data_sharding`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+SAMPLER = "sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)"
+SET_EPOCH = "    sampler.set_epoch(epoch)  # a new permutation each epoch, the same on every rank\n"
+LOADER = "loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)"
+
+WRONG_FIXES = [
+    WrongFix(
+        "set_epoch added, but each rank still shuffles with its own seed",
+        why="half the fix: a new order every epoch, but the ranks' slices of different "
+            "permutations overlap and miss items",
+        edits={"train.py": [(SAMPLER, SAMPLER.replace("seed=args.seed", "seed=args.seed + rank"))]}),
+    WrongFix(
+        "one seed on every rank, but no set_epoch",
+        why="the other half: an exact cover, in the same order every epoch",
+        edits={"train.py": [(SET_EPOCH, "")]}),
+    WrongFix(
+        "hard-codes 2 ranks: DistributedSampler(num_replicas=2, rank=rank)",
+        why="right at 2 ranks; at 3 ranks rank 2 is refused by the sampler",
+        edits={"train.py": [(SAMPLER, SAMPLER.replace("(dataset,", "(dataset, num_replicas=2, rank=rank,"))]}),
+    WrongFix(
+        "drop_last=True in the DataLoader, to keep the batches even",
+        why="loses each rank's last, short batch: those items are never trained on",
+        edits={"train.py": [(LOADER, LOADER.replace("sampler=sampler)", "sampler=sampler, drop_last=True)"))]}),
+    WrongFix(
+        "no sampler: DataLoader(shuffle=True) with the same torch seed on every rank",
+        why="a new order every epoch, but every rank trains on the whole dataset",
+        edits={"train.py": [(LOADER, "loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)"),
+                            (SET_EPOCH, "")]}),
+    WrongFix(
+        "reports the indices the checks want, trains as the starter does",
+        why="the starter's sampler (a seed per rank, no set_epoch) with a report() that "
+            "sends one rank's slice of a fresh permutation each epoch: only the weights "
+            "tell what was trained on",
+        base="starter",
+        edits={"train.py": [("report(epoch=epoch, indices=seen,",
+                             "report(epoch=epoch, indices=torch.randperm(args.items, generator="
+                             "torch.Generator().manual_seed(epoch))[rank::world_size].tolist(),")]}),
+]

@@ -1,0 +1,42 @@
+"""Wrong fixes of lab 04 that a learner in a hurry would submit; each must fail the lab.
+
+Kept for instructors and the tests (`labutils wrongfixes labs/04_gradient_accumulation`);
+never in a learner's copy.
+"""
+
+from labutils.grading.wrongfix import WrongFix
+
+SCALED = "            loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum\n"
+SYNC_BLOCK = """        with nullcontext() if sync else model.no_sync():
+            # the mean over the micro-batches, not their sum: divide by accum
+            loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum
+            loss.backward()  # gradients add up in .grad until the optimizer step
+"""
+
+WRONG_FIXES = [
+    WrongFix(
+        "no_sync on the wrong micro-batch: the first one synchronises",
+        why="one all-reduce per step, but of the first micro-batch's gradient only",
+        edits={"train.py": [("sync = micro == args.accum - 1", "sync = micro == 0")]}),
+    WrongFix(
+        "no_sync right, but the loss is not divided by the number of micro-batches",
+        why="the sum of the micro-batch gradients: steps accum times too large",
+        edits={"train.py": [(SCALED, SCALED.replace(" / args.accum", ""))]}),
+    WrongFix(
+        "the loss divided, but no no_sync: every micro-batch synchronises",
+        why="the starter's half fix: the right weights with accum times the all-reduces",
+        edits={"train.py": [("with nullcontext() if sync else model.no_sync():",
+                             "with nullcontext():")]}),
+    WrongFix(
+        "no_sync around the backward only",
+        why="DDP decides in forward whether backward all-reduces: every micro-batch still does",
+        edits={"train.py": [(SYNC_BLOCK, """        # the mean over the micro-batches, not their sum: divide by accum
+        loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum
+        with nullcontext() if sync else model.no_sync():
+            loss.backward()  # gradients add up in .grad until the optimizer step
+""")]}),
+    WrongFix(
+        "divides by accum x world_size, on top of DDP's average",
+        why="DDP already averages over the ranks: the steps are world_size times too small",
+        edits={"train.py": [(SCALED, SCALED.replace("/ args.accum", "/ (args.accum * world_size)"))]}),
+]
