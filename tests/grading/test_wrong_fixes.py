@@ -33,6 +33,11 @@ def test_a_wrong_fix_stays_below_its_bound(lab, name, tmp_path):
                            f"below {scored.bound:g}: {scored.checks}")
 
 
+def test_every_lab_keeps_at_least_three_wrong_fixes():
+    assert {lab: len(catalogue(REPO / "labs" / lab)) for lab in LABS
+            if len(catalogue(REPO / "labs" / lab)) < 3} == {}
+
+
 def test_the_catalogue_is_the_instructors_only():
     for lab in CATALOGUED:
         folder = REPO / "labs" / lab
