@@ -241,6 +241,8 @@ def test_hidden_results_keep_their_visibility_and_stay_off_the_feedback_page():
     assert "shown when the grades are published" in page
     with pytest.raises(ValueError, match="visibility must be one of"):
         check("x", points=1, visibility="later")
+    with pytest.raises(ValueError, match="learner never sees the result, and a check carries points"):
+        check("x", points=1, visibility="hidden")
 
 
 def test_grades_csv_lists_failing_checks():

@@ -54,10 +54,16 @@ def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
         name: one line saying what is being checked (shown in the feedback).
         points: the check's maximum score (> 0).
         visibility: when the learner sees its result (Gradescope's levels): "visible"
-            (at once), "after_due_date", "after_published" or "hidden" (never).
+            (at once), "after_due_date" or "after_published". Not "hidden" (never): a
+            check always carries points, and points a learner can never see explained
+            are refused.
     """
     if not real_number(points) or points <= 0:
         raise ValueError(f"check {name!r}: points must be a number > 0, got {points!r}")
+    if visibility == "hidden":
+        raise ValueError(f"check {name!r}: visibility 'hidden' means the learner never sees the "
+                         "result, and a check carries points; use 'after_due_date' or "
+                         "'after_published'")
     if visibility not in VISIBILITY:
         raise ValueError(f"check {name!r}: visibility must be one of {', '.join(VISIBILITY)}, "
                          f"got {visibility!r}")
