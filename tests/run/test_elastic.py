@@ -97,6 +97,20 @@ def test_agent_leaving_at_the_last_step_does_not_wait_for_the_exit_barrier(runs_
     assert result.duration_s < 120
 
 
+def test_an_agent_whose_rank_failed_does_not_leave_the_other_in_the_exit_barrier(runs_dir,
+                                                                                 tmp_path):
+    """Agent 1's rank fails once both ranks have finished their collectives, with no restart
+    left: agent 1 ends, agent 0's rank ends well, and torchrun's exit barrier would keep
+    agent 0 waiting for agent 1 for 300 s. The run ends failed, with rank 1 the cause."""
+    script = tmp_path / "late_failure.py"
+    script.write_text("import torch.distributed as dist\nfrom labutils.dist import init\n"
+                      "rank, _, _ = init()\ndist.barrier()\ndist.destroy_process_group()\n"
+                      "if rank == 1:\n    raise SystemExit('rank 1 gives up after the work')\n")
+    result = launch(script, 1, nnodes="1:2", local_agents=2, **LIMITS)
+    assert result.reason == "failed" and result.failure.rank == 1, result.summary()
+    assert result.duration_s < 60, result.summary()
+
+
 @pytest.mark.warm_only("cold restarts: test_restart_after_injected_kill_resumes[cold] and "
                        "test_agent_leaves_and_the_run_continues_at_the_smaller_world[cold]")
 def test_twenty_restarts_in_a_row_all_resume_where_they_stopped(runs_dir, tmp_path):

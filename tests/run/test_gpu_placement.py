@@ -52,8 +52,10 @@ def test_each_rank_of_a_run_of_local_agents_knows_its_place_on_the_machine(tmp_p
     from labutils import launch
 
     script = tmp_path / "place.py"
-    script.write_text("import os\nfrom labutils.dist import init, report\ninit()\n"
-                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}))\n")
+    script.write_text("import os\nimport torch.distributed as dist\n"
+                      "from labutils.dist import init, report\ninit()\n"
+                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}))\n"
+                      "dist.barrier()\ndist.destroy_process_group()\n")
     result = launch(script, nproc=1, nnodes="1:2", local_agents=2, display="none",
                     log_dir=tmp_path / "runs", timeout=120)
     assert result.ok, result.headline()

@@ -35,7 +35,6 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from labutils.errors import GradingError
 from labutils.grading import procs
@@ -123,55 +122,106 @@ def apply(fix: WrongFix, lab: Path, target: Path) -> Path:
     return target
 
 
-def score(lab: str | os.PathLike, fix: WrongFix, *, scratch: Path | None = None,
-          decide: bool = True) -> Scored:
-    """Run the lab's checks (hidden ones too) on the wrong fix, in a process of their own
-    as the grader runs them.
+class _Decided(Exception):
+    """The fix cannot reach its bound any more: its remaining checks need not run."""
 
-    decide: stop as soon as the points still to come cannot lift the fix to its bound
-    (the verdict is then certain; the fraction is the most it could still have scored).
-    """
-    the_lab = load_lab(lab)
+
+def _bound(the_lab, fix: WrongFix) -> float:
     bound = the_lab.pass_mark if fix.below is None else fix.below
     if bound > the_lab.pass_mark + 1e-9:
         raise GradingError(f"wrong fix {fix.name!r}: its bound {bound:g} is above the lab's "
                            f"pass mark {the_lab.pass_mark:g}")
+    return bound
+
+
+def _lost(tests: list[dict]) -> float:
+    return sum(float(t["points"]) - float(t["score"]) for t in tests)
+
+
+def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | None = None,
+              decide: bool = True, on_row=None) -> list[Scored]:
+    """Run the lab's checks (hidden ones too) on each wrong fix, one after the other in
+    one process of their own (it keeps one warm server for all their runs), as the
+    grader runs them minus the notebook.
+
+    decide: stop a fix's checks as soon as the points still to come cannot lift it to
+    its bound (the verdict is then certain; the fraction is the most it could still
+    have scored). on_row(Scored) is called as each fix is done.
+    """
+    the_lab = load_lab(lab)
+    bounds = [_bound(the_lab, fix) for fix in fixes]
     notebook = float(the_lab.config.get("notebook_points", 1))
     total = notebook + sum(float(c["points"]) for c in the_lab.checks)
-    own = scratch is None
     work = Path(scratch) if scratch is not None else Path(tempfile.mkdtemp(prefix="labutils-wrongfix-"))
-    tests: list[dict[str, Any]] = []
-    errors: list[str] = []
+    rows: list[Scored] = []
     try:
-        learner = apply(fix, the_lab.folder, work / "learner")
-        (work / "scratch").mkdir(parents=True, exist_ok=True)
+        for i, fix in enumerate(fixes):
+            apply(fix, the_lab.folder, work / f"fix{i}" / "learner")
         tag = secrets.token_hex(8)
-        command = [sys.executable, "-m", "labutils.grading.runner", "--checks",
-                   str(the_lab.folder), "--learner", str(learner), "--scratch",
-                   str(work / "scratch"), "--hidden"]
+        command = [sys.executable, "-m", "labutils.grading.wrongfix", str(the_lab.folder),
+                   str(work), str(len(fixes)), *([] if decide else ["--full"]),
+                   "--bounds", json.dumps(bounds)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, cwd=learner, start_new_session=True,
+                                text=True, cwd=work, start_new_session=True,
                                 env={**os.environ, procs.TAG_ENV: tag})
         try:
             for line in proc.stdout or ():
                 message = json.loads(line) if line.startswith("{") else {}
-                tests += [message["test"]] if "test" in message else []
-                errors += [message["error"]] if "error" in message else []
-                lost = sum(float(t["points"]) - float(t["score"]) for t in tests)
-                if decide and (total - lost) / total < bound - 1e-9:
-                    break  # whatever the other checks give, the fix stays below its bound
+                if "index" not in message:
+                    continue
+                i, tests = message["index"], message["tests"]
+                error = message.get("error") or ("" if tests else "the checks did not run")
+                rows.append(Scored(
+                    fix=fixes[i], fraction=(total - _lost(tests)) / total if total else 0.0,
+                    bound=bounds[i], error=error,
+                    checks=[{"name": t["name"], "score": t["score"], "points": t["points"],
+                             "hidden": t.get("hidden", False)} for t in tests]))
+                if on_row is not None:
+                    on_row(rows[-1])
         finally:
             procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
             proc.wait()
     finally:
-        if own:
+        if scratch is None:
             shutil.rmtree(work, ignore_errors=True)
-    lost = sum(float(t["points"]) - float(t["score"]) for t in tests)
-    checks = [{"name": t["name"], "score": t["score"], "points": t["points"],
-               "hidden": t.get("hidden", False)} for t in tests]
-    error = errors[0] if errors else ("" if tests else "the checks did not run")
-    return Scored(fix=fix, fraction=(total - lost) / total if total else 0.0, bound=bound,
-                  checks=checks, error=error)
+    done = {id(r.fix) for r in rows}
+    rows += [Scored(fix=f, fraction=1.0, bound=b, error="the checks did not run")
+             for f, b in zip(fixes, bounds) if id(f) not in done]
+    return rows
+
+
+def score(lab: str | os.PathLike, fix: WrongFix, *, scratch: Path | None = None,
+          decide: bool = True) -> Scored:
+    """One wrong fix graded (see score_all)."""
+    return score_all(lab, [fix], scratch=scratch, decide=decide)[0]
+
+
+def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], decide: bool,
+                    out) -> None:
+    """The child of score_all: the checks on each prepared fix folder, one JSON line each."""
+    from labutils.grading.runner import run_lab_checks
+
+    the_lab = load_lab(lab)
+    total = float(the_lab.config.get("notebook_points", 1)) + sum(
+        float(c["points"]) for c in the_lab.checks)
+    for i in range(count):
+        tests: list[dict] = []
+
+        def seen(result, bound=bounds[i], tests=tests) -> None:
+            tests.append(result.to_json())
+            if decide and (total - _lost(tests)) / total < bound - 1e-9:
+                raise _Decided
+
+        error = ""
+        try:
+            run_lab_checks(lab, work / f"fix{i}" / "learner", work / f"fix{i}" / "scratch",
+                           hidden=True, on_result=seen)
+        except _Decided:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the lab's checks broke on this fix
+            error = f"{type(exc).__name__}: {exc}"
+        out.write(json.dumps({"index": i, "tests": tests, "error": error}) + "\n")
+        out.flush()
 
 
 def format_row(r: Scored) -> str:
@@ -206,13 +256,33 @@ def add_subcommand(sub) -> None:
         if not fixes or unknown:
             raise GradingError(f"{ns.lab}: no wrong fix named {unknown[0]!r}" if unknown else
                                f"{ns.lab} keeps no {WRONG_FIXES_FILE}; see labs/07_resume_after_kill")
-        rows = []
-        for fix in fixes:
-            if ns.only and fix.name not in ns.only:
-                continue
-            rows.append(score(ns.lab, fix, decide=not ns.full))
-            print(format_row(rows[-1]), flush=True)
+        chosen = [fix for fix in fixes if not ns.only or fix.name in ns.only]
+        rows = score_all(ns.lab, chosen, decide=not ns.full,
+                         on_row=lambda row: print(format_row(row), flush=True))
         print(format_scored(Path(ns.lab).resolve().name, rows).splitlines()[0])
         return 0 if all(r.caught for r in rows) else 1
 
     p.set_defaults(handler=handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m labutils.grading.wrongfix LAB WORK COUNT [--full] --bounds JSON: the
+    process score_all starts (WORK/fix<i>/learner prepared by it)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m labutils.grading.wrongfix")
+    p.add_argument("lab", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("count", type=int)
+    p.add_argument("--full", action="store_true")
+    p.add_argument("--bounds", required=True)
+    ns = p.parse_args(argv)
+    result_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the checks or the scripts print goes to stderr
+    sys.stdout = sys.stderr
+    _grade_prepared(ns.lab, ns.work, ns.count, json.loads(ns.bounds), not ns.full, result_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

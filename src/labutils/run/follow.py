@@ -225,10 +225,11 @@ class Run:
 
     def _finished(self, now: float) -> bool:
         """The back end is done. Locally: every agent has exited, or agent 0 (the
-        rendezvous host) exited a while ago, or every rank finished after an agent left
-        by a fault (the others would wait in torchrun's exit barrier for the agent that
-        is gone); in a job across machines, also every other node seen in the run folder
-        is done (or AGENT_GRACE_S passed since this node's agent exited)."""
+        rendezvous host) exited a while ago, or every rank of the other agents finished
+        after an agent left, by a fault or on its own (they would wait in torchrun's exit
+        barrier for the agent that is gone); in a job across machines, also every other
+        node seen in the run folder is done (or AGENT_GRACE_S passed since this node's
+        agent exited)."""
         backend = self.backend
         if backend.scheduled:
             return backend.finished(now, self.display.note)
@@ -240,7 +241,10 @@ class Run:
                 return True
             self._host_gone_at = self._host_gone_at or now
             return now - self._host_gone_at >= AGENT_GRACE_S
-        left = {a.index for a in backend.agents if a.stopped_by_fault}
+        # agents gone, by a fault or on their own (out of restarts): the others' ranks
+        # that finished wait in torchrun's exit barrier for them
+        left = {a.index for a in backend.agents
+                if a.stopped_by_fault or (a.proc is not None and not a.alive())}
         if left and self.fold.current and all(
                 r.attempt == self.fold.index and r.exit_code == 0
                 for r in self._members() if r.agent not in left):
