@@ -143,13 +143,32 @@ PYTHON = sys.executable
 from helpers import REPO, this_python_kernel  # noqa: E402,F401 - fixtures below use them
 
 
+# The files that take longest, longest first (seconds of one worker, 2026-11-26). The
+# parallel pass keeps a file on one worker and hands files out in collection order: the
+# long ones first, so that no worker is left with one at the end while the other idles.
+LONGEST_FIRST = ("tests/grading/test_grading_labs.py", "tests/grading/test_wrong_fixes.py",
+                 "tests/grading/test_wrong_fixes_second_half.py", "tests/run/test_endings.py",
+                 "tests/run/test_launcher.py", "tests/grading/test_grading_adversarial.py",
+                 "tests/grading/test_grading_instructor.py", "tests/run/test_elastic.py",
+                 "tests/e2e/test_jupyterlab.py", "tests/run/test_multinode.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """The lessons' notebooks measure (overlap, bandwidth, time per step) and say whether
     a prediction held: they run in `make test`'s serial pass, on a quiet machine, with the
-    tests marked serial (those that assert a time or a rate); the rest run in parallel."""
+    tests marked serial (those that assert a time or a rate); the rest run in parallel,
+    the longest files first."""
     for item in items:
         if Path(str(item.fspath)).parent.name == "lessons" and str(item.fspath).endswith(".ipynb"):
             item.add_marker(pytest.mark.serial)
+    root = Path(str(config.rootpath))
+
+    def rank(item) -> int:
+        rel = Path(str(item.fspath)).resolve().relative_to(root).as_posix() \
+            if Path(str(item.fspath)).resolve().is_relative_to(root) else ""
+        return LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)   # stable: within a file, and among the rest, the order stays
 
 
 def pytest_addoption(parser):
