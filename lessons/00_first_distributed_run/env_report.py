@@ -40,4 +40,7 @@ dist.init_process_group(backend="gloo")
 
 report(**env, get_rank=dist.get_rank(), get_world_size=dist.get_world_size(),
        pid=os.getpid(), parent_pid=os.getppid())
+# init_process_group can return on one worker while a slower one is still connecting to
+# it: no worker leaves before every worker has joined, or that one loses its peer.
+dist.barrier()
 dist.destroy_process_group()
