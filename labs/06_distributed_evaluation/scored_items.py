@@ -14,7 +14,6 @@ rather than what the script says it did.
 """
 
 import os
-import runpy
 import sys
 
 
@@ -22,7 +21,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] != ["--"] or len(argv) < 2:
         raise SystemExit("usage: scored_items.py -- evaluate.py [ARGS...]")
     script, script_args = argv[1], argv[2:]
-    from labutils.grading.probe import signer
+    from labutils.grading.probe import run_script, signer
 
     send = signer()   # before the script runs: it cannot sign records
     # the learner's folder, not the lab's, is the script's first import path
@@ -49,12 +48,7 @@ def main(argv: list[str]) -> None:
 
     # the script's `from evalset import ...` runs later and gets these
     evalset.held_out_set, evalset.trained_model = noted_set, noted_model
-    sys.argv = [script, *script_args]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
+    run_script(script, script_args)
     send(probe="scored", items=sorted(scored))
 
 

@@ -312,13 +312,19 @@ def main(argv: list[str]) -> None:
     # The learner's folder, not this package's, is the script's first import path.
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     state = _install(measures, send)
+    run_script(script, script_args)
+    _send(measures, state, send)
+
+
+def run_script(script: str, script_args: list[str]) -> None:
+    """Run the learner's script unchanged as __main__ with its arguments; return when it
+    ends well (sys.exit(0) included), raise as it did otherwise."""
     sys.argv = [script, *script_args]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise
-    _send(measures, state, send)
 
 
 if __name__ == "__main__":
