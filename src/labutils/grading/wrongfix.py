@@ -15,7 +15,7 @@ A wrong fix is the solution (or, with ``base="starter"``, the lab's starter) wit
 ``(old, new)`` edit applied to the file it names; ``old`` must occur exactly once, so an
 edit that no longer fits the solution fails loudly instead of testing nothing.
 
-`score()` runs the lab's checks, hidden ones included, on the edited files, the way the
+`score_all()` runs the lab's checks, hidden ones included, on the edited files, the way the
 grader runs them minus the notebook (which adds nothing to what they measure), and gives
 the fraction of the lab's points the wrong fix would get with full notebook points: the
 most a submission with this fix could score. It stops once the verdict is certain.
@@ -188,12 +188,6 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
     rows += [Scored(fix=f, fraction=1.0, bound=b, error="the checks did not run")
              for f, b in zip(fixes, bounds) if id(f) not in done]
     return rows
-
-
-def score(lab: str | os.PathLike, fix: WrongFix, *, scratch: Path | None = None,
-          decide: bool = True) -> Scored:
-    """One wrong fix graded (see score_all)."""
-    return score_all(lab, [fix], scratch=scratch, decide=decide)[0]
 
 
 def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], decide: bool,
