@@ -205,20 +205,25 @@ def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, 
     return max(medians)
 
 
-def thread_slowdown(config: dict, *, n: int, batch: int, steps: int) -> dict:
+def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
-    each): seconds per forward + backward, and how much slower running together is."""
+    each): seconds per forward + backward, and how much slower running together is.
+
+    ``rounds`` rounds of (alone, together); each keeps its fastest round, the one least
+    disturbed by anything else the machine was doing."""
     models = [make_model(**config) for _ in range(n)]
     x, y = make_batch(0, batch, **config)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
+    alone, together = [], []
     try:
         replicas_at_once(models, x, y, 2)  # warm-up
-        alone = replicas_at_once(models[:1], x, y, steps)
-        together = replicas_at_once(models, x, y, steps)
+        for _ in range(rounds):
+            alone.append(replicas_at_once(models[:1], x, y, steps))
+            together.append(replicas_at_once(models, x, y, steps))
     finally:
         torch.set_num_threads(threads_before)
-    return {"alone_s": alone, "together_s": together, "slowdown": together / alone}
+    return {"alone_s": min(alone), "together_s": min(together), "slowdown": min(together) / min(alone)}
 
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,

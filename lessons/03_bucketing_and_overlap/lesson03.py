@@ -245,13 +245,20 @@ def sweep_table(records: Iterable[dict], fit: AlphaBeta) -> str:
                        "step (ms)", "no overlap (ms)", "hidden"], rows, right=list(range(1, 11)))
 
 
-def sweep_check(records: Iterable[dict], *, model: str) -> str:
+def sweep_check(records: Iterable[dict], *, model: str, slack: float = 0.1) -> str:
     """Is the model's measured step between the two predictions at every cap that makes
-    2 or more buckets (with one bucket nothing can overlap: the predictions coincide)?"""
+    2 or more buckets (with one bucket nothing can overlap: the predictions coincide)?
+
+    Each bound is widened by ``slack`` (a share of it): the step and the parts are timed
+    apart, each the fastest of a few tries, and on a shared 2-core machine repeated runs
+    of sweep.py put the same step up to several percent either side of its bounds'
+    ratio. The gap between the bounds (the all-reduces' time) is several times larger."""
     several = [r for r in sweep_bounds(records) if r["model"] == model and r["buckets"] >= 2]
     caps = ", ".join(cap_mib(r["cap_mb"]) for r in several)
-    ok = bool(several) and all(r["perfect_s"] <= r["measured_s"] <= r["none_s"] for r in several)
-    return f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions: {ok}"
+    ok = bool(several) and all(r["perfect_s"] * (1 - slack) <= r["measured_s"] <= r["none_s"] * (1 + slack)
+                               for r in several)
+    return (f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions "
+            f"(each widened by {slack:.0%}): {ok}")
 
 
 # ------------------------------------------------------------------ 5-6. accumulation, options
