@@ -188,26 +188,32 @@ def median_step_seconds(step: Callable, batches: list) -> float:
     return statistics.median(times)
 
 
-def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
+                     steps: int) -> tuple[float, float]:
     """Each model on its own thread, all at once, ``steps`` forward + backward passes:
-    the median seconds of one pass, on the slowest thread."""
-    medians = [0.0] * len(models)
+    the median seconds of one pass on the slowest thread, and the share of the time
+    the threads were on a core (each thread's CPU time over its wall time; the mean).
+    A thread that waits for the GIL is off its core."""
+    medians, on_core = [0.0] * len(models), [0.0] * len(models)
 
     def work(i: int) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
         medians[i] = median_step_seconds(
             lambda x, y: nn.functional.cross_entropy(models[i](x), y).backward(), [(x, y)] * steps)
+        on_core[i] = (time.thread_time() - cpu) / (time.perf_counter() - wall)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return max(medians)
+    return max(medians), statistics.mean(on_core)
 
 
 def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
-    each): seconds per forward + backward, and how much slower running together is.
+    each): seconds per forward + backward, how much slower running together is, and
+    the share of the time the threads running together were on a core.
 
     ``rounds`` rounds of (alone, together); each keeps its fastest round, the one least
     disturbed by anything else the machine was doing."""
@@ -219,11 +225,13 @@ def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int
     try:
         replicas_at_once(models, x, y, 2)  # warm-up
         for _ in range(rounds):
-            alone.append(replicas_at_once(models[:1], x, y, steps))
+            alone.append(replicas_at_once(models[:1], x, y, steps)[0])
             together.append(replicas_at_once(models, x, y, steps))
     finally:
         torch.set_num_threads(threads_before)
-    return {"alone_s": min(alone), "together_s": min(together), "slowdown": min(together) / min(alone)}
+    fastest, on_core = min(together)
+    return {"alone_s": min(alone), "together_s": fastest, "slowdown": fastest / min(alone),
+            "on_core": on_core}
 
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,
@@ -313,6 +321,17 @@ def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, war
             "samples_per_s": global_batch / step_s, "work": dp.work_table(),
             "traffic": dp.traffic(),
             "memory": memory_table(model, n_devices=n_devices, global_batch=global_batch, **config)}
+
+
+def fastest_of_rounds(rounds: int, *timers: Callable[[], dict]) -> list[dict]:
+    """Call the timers in turn, ``rounds`` times over; per timer, its run with the
+    smallest "step_s". The machine's speed drifts (other work, a busy neighbour on a
+    shared host); taking turns gives every timer the same chances at a quiet moment."""
+    runs: list[list[dict]] = [[] for _ in timers]
+    for _ in range(rounds):
+        for timer, done in zip(timers, runs):
+            done.append(timer())
+    return [min(done, key=lambda run: run["step_s"]) for done in runs]
 
 
 def time_single_process(*, global_batch: int, steps: int, warmup: int = 2, threads: int = 1,

@@ -19,9 +19,12 @@ the notebook shows arrives through report(). The parts:
    a. processes at once: the forward + backward of a plain model on rank 0 alone
       (the other ranks wait), then on every rank at the same time, for the two
       models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS); 3 rounds of both, the
-      fastest round of each kept;
+      fastest round of each kept; with the share of the time the ranks were on a
+      core while they all ran;
    b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
-      with and without gradient synchronisation;
+      with and without gradient synchronisation, and the same global batch in one
+      process (rank 0, the others waiting) as the baseline timed at the same moment;
+      3 rounds, the fastest of each;
    c. with --link-steps steps: bytes through this host's network link (on the
       notebook's virtual cluster: labutils.dist.link_bytes()) while
       DDP(model) is built, and per training step of FEW_BIG_OPS with --batch
@@ -45,6 +48,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
+from data_parallel import time_single_process  # noqa: E402
 from model import (  # noqa: E402
     FEW_BIG_OPS, MANY_SMALL_OPS, PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer,
     param_bytes, shard,
@@ -152,10 +156,22 @@ def median_step(step_fn, batches) -> float:
 
 def seconds_per_step(step_fn, batches) -> float:
     """median_step() on every rank at once; the slowest rank's."""
+    return seconds_and_on_core(step_fn, batches)[0]
+
+
+def seconds_and_on_core(step_fn, batches) -> tuple[float, float]:
+    """median_step() on every rank at once: the slowest rank's, and the share of the
+    time the ranks' computing threads were on a core (CPU time over wall time; the
+    mean over ranks)."""
     dist.barrier()
-    seconds = torch.tensor([median_step(step_fn, batches)], device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return seconds.item()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    seconds = median_step(step_fn, batches)
+    on_core = (time.thread_time() - cpu) / (time.perf_counter() - wall)
+    both = torch.tensor([seconds, on_core / world_size], dtype=torch.float64, device=device)
+    slowest = both[:1].clone()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(both)  # both[1]: the mean share on a core
+    return slowest.item(), both[1].item()
 
 
 def my_batches(config: dict, per_rank: int, steps: int) -> list:
@@ -186,9 +202,11 @@ if args.timing_steps > 0:
             if rank == 0:                                 # rank 0 alone: the others wait
                 alone.append(median_step(forward_backward, batches))
             dist.barrier()
-            together.append(seconds_per_step(forward_backward, batches))  # every rank at once
+            together.append(seconds_and_on_core(forward_backward, batches))  # every rank at once
+        fastest, on_core = min(together)
         if rank == 0:
-            report(part="processes at once", model=name, alone_s=min(alone), together_s=min(together))
+            report(part="processes at once", model=name, alone_s=min(alone), together_s=fastest,
+                   on_core=on_core)
 
     # b. a DDP training step on the model of many small operations
     small = wrap(make_model(**MANY_SMALL_OPS))
@@ -204,12 +222,18 @@ if args.timing_steps > 0:
             small_step(x, y)
 
     batches = my_batches(MANY_SMALL_OPS, args.small_batch, args.timing_steps)
-    step_s = seconds_per_step(small_step, batches)
-    compute_s = seconds_per_step(small_step_no_sync, batches)
+    single, steps, compute = [], [], []
+    for _ in range(3):  # 3 rounds, the fastest of each: one process, DDP, DDP without sync
+        dist.barrier()
+        if rank == 0:  # the baseline at the same moment: one process, the whole batch
+            single.append(time_single_process(global_batch=args.small_batch * world_size,
+                                              steps=args.timing_steps, config=MANY_SMALL_OPS)["step_s"])
+        steps.append(seconds_per_step(small_step, batches))
+        compute.append(seconds_per_step(small_step_no_sync, batches))
     if rank == 0:
         report(part="ddp step", model="MANY_SMALL_OPS", per_rank_batch=args.small_batch,
-               step_s=step_s, compute_only_step_s=compute_s,
-               samples_per_s=args.small_batch * world_size / step_s,
+               step_s=min(steps), compute_only_step_s=min(compute), one_process_step_s=min(single),
+               samples_per_s=args.small_batch * world_size / min(steps),
                kind=f"DDP, {world_size} processes ({dist.get_backend()}, {device.type})")
 
 # c. bytes through this host's link: building DDP, then per training step

@@ -87,6 +87,7 @@ def test_thread_slowdown_reports_alone_and_together(lesson_modules):
     run = dp_mod.thread_slowdown(model_mod.PROOF, n=2, batch=8, steps=3)
     assert run["alone_s"] > 0 and run["together_s"] > 0
     assert run["slowdown"] == pytest.approx(run["together_s"] / run["alone_s"])
+    assert 0 < run["on_core"] <= 1.05  # CPU time over wall time, per thread
     assert torch.get_num_threads() > 0  # restored
 
 
@@ -189,7 +190,7 @@ def test_ddp_train_measures_processes_and_a_ddp_step(lesson_modules, runs_dir):
     assert result.ok, result.summary()
     runs = {r["model"]: r for r in lesson01.part(result.records, "processes at once")}
     assert sorted(runs) == ["FEW_BIG_OPS", "MANY_SMALL_OPS"]
-    assert all(r["alone_s"] > 0 and r["together_s"] > 0 for r in runs.values())
+    assert all(r["alone_s"] > 0 and r["together_s"] > 0 and 0 < r["on_core"] <= 1.05 for r in runs.values())
     step = lesson01.one(result.records, "ddp step")
     assert step["step_s"] > 0 and step["compute_only_step_s"] > 0 and step["per_rank_batch"] == 16
     links = lesson01.part(result.records, "link bytes")
@@ -355,3 +356,18 @@ def test_wire_table_predicts_time_from_bytes_on_the_busiest_link(lesson_modules)
     rb_row = next(line for line in table.splitlines() if line.startswith("reduce+broadcast"))
     assert ring_row.split()[-2:] == ["1.00", "1.00"]  # measured / predicted, busbw / link
     assert rb_row.split()[-2:] == ["3.00", "0.08"]
+
+
+@pytest.mark.parametrize(
+    ("threads_on_core", "processes_on_core", "verdict"),
+    [(0.85, 0.98, "True"),    # the threads wait for the GIL, the processes do not
+     (0.97, 0.99, "False"),   # under 5% off a core: no wait to speak of
+     (0.85, 0.93, "False"),   # the processes wait too: a busy machine, nothing to read
+     (0.50, 0.50, "False")],  # a loaded machine: everything waits alike
+)
+def test_gil_check_compares_the_time_off_a_core(lesson_modules, threads_on_core, processes_on_core, verdict):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    threads = {"MANY_SMALL_OPS": {"alone_s": 0.005, "together_s": 0.008, "on_core": threads_on_core}}
+    records = [{"part": "processes at once", "rank": 0, "model": "MANY_SMALL_OPS", "alone_s": 0.005,
+                "together_s": 0.007, "on_core": processes_on_core}]
+    assert lesson01.gil_check(threads, records).endswith(f": {verdict}")
