@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 PYTEST_ARGS ?=
+# Each pass ends with its slowest tests, so a CI log says where the time went.
+DURATIONS := --durations=25
 # pytest workers of the parallel pass (pytest-xdist); the serial pass runs alone after it.
 PYTEST_WORKERS ?= 2
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
@@ -44,9 +46,9 @@ lab: setup
 test: setup
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(DURATIONS) $(PYTEST_ARGS); \
 	    status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
-	$(PY) -m pytest -m serial $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
+	$(PY) -m pytest -m serial $(DURATIONS) $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
 # The GPU tests alone (NCCL, nn.DataParallel, a notebook on CUDA); on a machine without
 # CUDA they are skipped with the reason. Needs a CUDA build of torch (PyPI's on Linux).
