@@ -11,16 +11,15 @@ rank's), so a rank learns of a corrupt reading elsewhere only through a collecti
 import json
 import math
 
+from cases import case
 from labutils.grading import check
 
 GLOBAL_BATCH = 12          # readings per step, at every world size
 RUNS = {2: 6, 3: 4}        # world size -> batch size per rank, in the public checks
 STEPS = 96 // GLOBAL_BATCH
 HANG_TIMEOUT = 5           # every rank prints or reports each step: 5 s of silence is a hang
-# train.py as the lab gives it, hang included: the diagnosis is compared with its hang
-# report, in the notebook's run (2 ranks, --batch-size 6).
+# train.py as the lab gives it, hang included (the one-rank reference runs it too).
 ORIGINAL = "original/train.py"
-DIAGNOSED = (2, ["--batch-size", RUNS[2]])
 ANSWER = "runs/diagnosis.json"  # written by the notebook's diagnosis-save cell
 
 
@@ -156,40 +155,60 @@ def equals_one_process(c):
                  expected="bitwise identical weights on every rank, at most 1e-5 from one process")
 
 
-@check("The diagnosis names the rank that called a collective no other rank called, and its line",
-       points=2)
+@check("The diagnosis names the rank that called a collective no other rank called, its line "
+       "and that collective, in the hang of your case", points=3)
 def diagnosis(c):
-    wanted = {"rank": "the rank that waits in a collective which no other rank called, in the "
-                      f"hang report of train.py as the lab gives it, at {DIAGNOSED[0]} ranks",
-              "line": "the line of train.py, as the lab gives it, where that rank waits"}
+    wanted = {"rank": "the rank that waits in a collective which no other rank called",
+              "line": "the innermost line of the script in that rank's stack: where it called "
+                      "into torch",
+              "collective": "the torch.distributed function that rank waits in (backward for "
+                            "DDP's gradient all-reduce)"}
     saved = _answer(c)
     if isinstance(saved, str):
         for key in wanted:
             c.expect(False, f"hung_{key}", measured=saved, expected=wanted[key])
         return
-    given = {key: _number(saved.get(key)) for key in wanted}
+    try:
+        mine = case(saved.get("student_id"))
+    except ValueError as exc:
+        for key in wanted:
+            c.expect(False, f"hung_{key}", measured=f"no case: {exc}", expected=wanted[key])
+        return
+    given = {"rank": _number(saved.get("rank")), "line": _number(saved.get("line")),
+             "collective": _call_name(saved.get("collective"))}
     for key in [k for k, v in given.items() if v is None]:
         c.expect(False, f"hung_{key}", measured=f"hung_{key} = {saved.get(key)!r}",
-                 expected=f"a number: {wanted[key]}")
+                 expected=f"{'a name' if key == 'collective' else 'a number'}: {wanted[key]}")
     if all(v is None for v in given.values()):
         return  # nothing to compare: no need to launch the hanging script
-    nproc, args = DIAGNOSED
-    run = c.run(c.lab_file(ORIGINAL), nproc, args=args, hang_timeout=HANG_TIMEOUT)
+    run = c.run(c.lab_file(mine["script"]), mine["nproc"], args=mine["args"],
+                hang_timeout=HANG_TIMEOUT)
     hang = run.result.hang if run.result is not None else None
     if hang is None:
-        raise RuntimeError(f"the lab's {ORIGINAL} did not hang at {nproc} ranks "
+        raise RuntimeError(f"the lab's {mine['script']} did not hang at {mine['nproc']} ranks "
                            f"({run.problem or 'it finished'}); the diagnosis cannot be compared")
     # Every rank calls the gradient all-reduce in backward() at every step; the rank that
     # waits anywhere else called a collective of its own.
     odd = [rank for rank, call in sorted(hang.calls.items()) if call != "backward"]
     if len(odd) != 1:
-        raise RuntimeError(f"the hang report of the lab's {ORIGINAL} shows no single odd rank: "
-                           f"{hang.waiting}")
-    truth = {"rank": odd[0], "line": int(hang.waiting[odd[0]].rsplit(":", 1)[1])}
+        raise RuntimeError(f"the hang report of the lab's {mine['script']} shows no single odd "
+                           f"rank: {hang.waiting}")
+    truth = {"rank": odd[0], "line": int(hang.waiting[odd[0]].rsplit(":", 1)[1]),
+             "collective": hang.calls[odd[0]]}
+    case_text = f"case {mine['number']} ({mine['script']}, {mine['nproc']} ranks)"
     for key, value in given.items():
         if value is not None:
-            c.expect(value == truth[key], f"hung_{key}", measured=f"hung_{key} = {saved.get(key)!r}",
-                     expected=wanted[key])
+            c.expect(value == truth[key], f"hung_{key}, {case_text}",
+                     measured=f"hung_{key} = {saved.get(key)!r}", expected=wanted[key])
+
+
+def _call_name(value) -> str | None:
+    """ "broadcast", "dist.broadcast", "broadcast()" and "torch.distributed.broadcast" all
+    mean broadcast; anything else but a name (None too) means no answer."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    name = value.strip().rstrip("()").rsplit(".", 1)[-1].strip()
+    return name if name.isidentifier() else None
 
 
 if __name__ == "__main__":

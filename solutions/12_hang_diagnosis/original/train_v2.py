@@ -1,0 +1,1 @@
+../../../labs/12_hang_diagnosis/original/train_v2.py
