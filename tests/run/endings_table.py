@@ -27,6 +27,7 @@ ENDINGS = {
     "dataloader_worker_killed": ("exception", "RuntimeError", 1, True, ""),
     "breakpoint_peer": ("exception", "ValueError", 1, True, "the batch is empty"),
     "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
+    "timeout_one_side": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "stuck": ("hang", None, None, True, None),
 }
 # What torch itself words differently from run to run, for the same ending: a DataLoader
@@ -95,7 +96,7 @@ def check_verdict(summary: dict, how: str, nproc: int, failing: int) -> None:
     if how in VARIES:
         assert summary["failure"]["exc_type"] in VARIES[how]["exc_type"], summary["failure"]
         f = {**f, "exc_type": exc_type}
-    if how == "timeout_mismatch":
+    if how in ("timeout_mismatch", "timeout_one_side"):
         assert (f["kind"], f["victims"], f["also_failed"]) == ("mismatch", [], list(range(nproc)))
         barrier = next(i for i, t in enumerate(SOURCE, 1) if t == "dist.barrier()")
         calls = {int(r): (m["collective"], m["where"]) for r, m in f["mismatch"].items()}

@@ -229,3 +229,23 @@ def test_ranks_that_all_timed_out_in_collectives_are_a_mismatch_not_one_root_cau
     exceptions[2] = _exc(18.3)
     failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
     assert failure.mismatch == {} and (failure.rank, failure.exc_type) == (2, "ValueError")
+
+
+def test_a_rank_that_waited_elsewhere_and_ended_before_its_own_timeout_is_one_of_the_mismatch():
+    """Rank 1 timed out in all_reduce; rank 0, in a barrier, lost its peer (or torchrun
+    stopped it) a moment before its own timeout: the same mismatch as when both time out."""
+    timed_out = dict(_exc(18.0, "RuntimeError", GLOO_TIMEOUT, 10), traceback=_in_collective("all_reduce"),
+                     source="dist.all_reduce(x)")
+    both = {0: {"collective": "barrier", "where": "train.py:11", "source": "dist.barrier()"},
+            1: {"collective": "all_reduce", "where": "train.py:10", "source": "dist.all_reduce(x)"}}
+    lost = dict(_exc(18.1, "RuntimeError", GLOO_PEER_GONE, 11), traceback=_in_collective("barrier"),
+                source="dist.barrier()")
+    failure = find_failure({0: lost, 1: timed_out}, {0: 1, 1: 1}, [0, 1])
+    assert failure.kind == "mismatch" and failure.mismatch == both
+    assert failure.victims == [] and failure.also_failed == [0]
+    failure = find_failure({1: timed_out}, {0: -15, 1: 1}, [0, 1], stopped_in={0: both[0]})
+    assert failure.kind == "mismatch" and failure.mismatch == both
+    # waiting in the very same call: a rank was missing from it, not a mismatch of calls
+    same = dict(lost, traceback=_in_collective("all_reduce"), line=10, source="dist.all_reduce(x)")
+    failure = find_failure({0: same, 1: timed_out}, {0: 1, 1: 1}, [0, 1])
+    assert failure.kind == "exception" and failure.rank == 1 and failure.victims == [0]

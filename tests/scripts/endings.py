@@ -39,7 +39,9 @@ def fail_in_a_thread():
 
 if how == "init_error" and rank == failing:
     dist.init_process_group("no-such-backend")  # ending: init_error
-seconds = 3 if how == "timeout_mismatch" else 60
+# timeout_one_side: only the failing rank's timeout is short; the others, in a barrier,
+# lose their peer (or torchrun stops them) before their own would fire.
+seconds = 3 if how == "timeout_mismatch" or (how == "timeout_one_side" and rank == failing) else 60
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
 x = torch.ones(4)
 dist.all_reduce(x)
@@ -75,5 +77,7 @@ if rank == failing:
             time.sleep(0.2)  # ending: stuck
     if how == "timeout_mismatch":
         dist.all_reduce(x)  # ending: timeout_mismatch
+    if how == "timeout_one_side":
+        dist.all_reduce(x)  # ending: timeout_one_side
 dist.barrier()
 dist.destroy_process_group()

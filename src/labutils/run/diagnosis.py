@@ -161,7 +161,7 @@ def _ended_early(exit_codes: dict[int, int | None], ended_at: dict[int, float],
 
 
 def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list[int],
-                  primary: list[tuple[int, dict]]) -> None:
+                  primary: list[tuple[int, dict]], stopped_in: dict[int, dict]) -> None:
     """Sort the other ranks that ended badly: victims of the root cause, ranks with an
     error of their own (also_failed), or, when every rank that failed on its own timed
     out in a collective, a mismatch of calls."""
@@ -176,15 +176,30 @@ def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list
     )
     root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
     timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
-    if len(timed_out) >= 2 and all(r in timed_out for r, _ in primary):
+    if not timed_out or not all(r in timed_out for r, _ in primary):
+        return
+
+    def wait_of(ev: dict) -> dict:
+        return {"collective": collective_in(ev.get("traceback", "")),
+                "where": f"{where_text(ev.get('file'))}:{ev.get('line')}",
+                "source": ev.get("source", "")}
+
+    waits = {r: wait_of(ev) for r, ev in timed_out.items()}
+    # A rank that waited in a collective too, and ended before its own timeout fired:
+    # it lost its peer (the rank that timed out exited) or torchrun stopped it (SIGTERM).
+    # Which of the two happens first is a matter of milliseconds, so such a rank counts
+    # as one of the mismatch when it waited elsewhere.
+    others = {r: wait_of(ev) for r, ev in exceptions.items()
+              if r not in timed_out and looks_like_victim(ev.get("message", ""))
+              and collective_in(ev.get("traceback", ""))}
+    others.update({r: where for r, where in stopped_in.items() if r not in exceptions})
+    places = {(w["collective"], w["where"]) for w in [*waits.values(), *others.values()]}
+    if len(timed_out) >= 2 or (root.rank in timed_out and others and len(places) >= 2):
         # Each rank waited for peers that were in another call: blaming the first to give
         # up would point at an innocent line. Show every rank's call instead.
-        root.mismatch = {r: {"collective": collective_in(ev.get("traceback", "")),
-                             "where": f"{where_text(ev.get('file'))}:{ev.get('line')}",
-                             "source": ev.get("source", "")}
-                         for r, ev in sorted(timed_out.items())}
-        root.also_failed = sorted(r for r in timed_out if r != root.rank)
-        root.victims = sorted(r for r in involved if r not in timed_out)
+        root.mismatch = dict(sorted({**waits, **others}.items()))
+        root.also_failed = sorted(r for r in root.mismatch if r != root.rank)
+        root.victims = sorted(r for r in involved if r not in root.mismatch)
         root.kind = "mismatch"
 
 
@@ -197,6 +212,7 @@ def find_failure(
     stderr_tails: dict[int, str] | None = None,
     ended_at: dict[int, float] | None = None,
     exit_events: dict[int, dict] | None = None,
+    stopped_in: dict[int, dict] | None = None,
 ) -> Failure | None:
     """The root-cause failure among the ranks of one attempt.
 
@@ -218,6 +234,8 @@ def find_failure(
             agent reaped it); ranks not in it count as ending last.
         exit_events: rank -> its exit event (code, t; file, line and source of a
             sys.exit() with a non-zero code), for ranks whose script ended itself.
+        stopped_in: rank -> the collective it was waiting in when SIGTERM ended it
+            ({"collective", "where", "source"}), for ranks torchrun stopped.
     """
     stderr_tails = stderr_tails or {}
     ended_at = ended_at or {}
@@ -271,5 +289,5 @@ def find_failure(
             rank=rank, exc_type=signal_name(code) or "Died",
             message="the process ended without an exit code we could read",
             file=None, line=None, traceback="", exit_code=code, kind="signal")
-    _mark_victims(root, exceptions, failed_ranks, primary)
+    _mark_victims(root, exceptions, failed_ranks, primary, stopped_in or {})
     return root

@@ -12,6 +12,7 @@ Python shuts down).
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 from labutils.run.attempts import Attempt
 from labutils.run.crash import explain_crash
 from labutils.run.diagnosis import Failure, find_failure
+from labutils.run.hang import collective_of, parse_faulthandler, user_frame, where_text
 from labutils.run.nodes import ranks_text
 from labutils.run.result import RankResult, RunResult, attempt_line
 from labutils.run.spec import public_fault
@@ -128,6 +130,25 @@ def stacks_size(run_dir: Path, rank: int) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def stopped_at(run, rank_state) -> dict | None:
+    """Where a rank that SIGTERM ended was waiting, from the stacks it dumped then
+    (runfiles.ended_stacks_path): {"collective", "where", "source"}, or None when it
+    dumped none or was not inside a torch.distributed call (backward counts: DDP's
+    gradient all-reduce)."""
+    path = runfiles.ended_stacks_path(run.run_dir, rank_state.rank)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    frames = parse_faulthandler(text, rank_state.main_tid)
+    at = user_frame(frames, str(run.spec.script))
+    collective = collective_of(frames, at)
+    if at is None or not collective:
+        return None
+    return {"collective": collective, "where": f"{where_text(at.file)}:{at.line}",
+            "source": linecache.getline(at.file, at.line).strip()}
+
+
 def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
                finished: AbstractSet[int] = frozenset()):
     """The root cause among an attempt's ranks (diagnosis.find_failure), or None."""
@@ -139,10 +160,14 @@ def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
               for r in members}
     tails = {rank: "\n".join(lines[-20:]) for rank, lines in stderr.items()}
     ended = [r for r in members if r.attempt == attempt]
+    stopped = {r.rank: position for r in members
+               if r.rank not in exceptions and exit_codes.get(r.rank) == -signal.SIGTERM
+               and (position := stopped_at(run, r))}
     failure = find_failure(exceptions, exit_codes, failed, finished=finished,
                            stderr_tails=tails,
                            ended_at={r.rank: r.ended_t for r in ended if r.ended_t is not None},
-                           exit_events={r.rank: r.exit_event for r in ended if r.exit_event})
+                           exit_events={r.rank: r.exit_event for r in ended if r.exit_event},
+                           stopped_in=stopped)
     if failure is not None and failure.kind in ("exit", "signal") and \
             failure.rank not in finished:
         explain_crash(failure, "\n".join(stderr.get(failure.rank, [])[-300:]))

@@ -210,9 +210,9 @@ class RunResult:
         f = cast(Failure, self.failure)  # called only for a failure with a mismatch
         ranks = sorted(f.mismatch)
         calls = {(m["collective"], m["where"]) for m in f.mismatch.values()}
-        lines = [f"collectives did not match: ranks {', '.join(map(str, ranks))} each timed out "
-                 "waiting in a collective (the process group's timeout) for peers that never "
-                 "joined it"]
+        lines = [f"collectives did not match: ranks {', '.join(map(str, ranks))} waited in "
+                 "collectives their peers never joined, until the process group's timeout "
+                 "ended the wait"]
         for rank in ranks:
             m = f.mismatch[rank]
             call = f" in {m['collective']}()" if m["collective"] else ""

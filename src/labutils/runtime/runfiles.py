@@ -20,6 +20,8 @@ A run folder looks like this::
         rank0/stderr.log     everything rank 0 wrote to fd 2, all attempts
         rank0/events.jsonl   start / progress / record / exception / exit events
         rank0/stacks.txt     Python stacks dumped on request (hang reports)
+        rank0/ended-stacks.txt  Python stacks dumped as SIGTERM ended the rank (where a
+                             rank torchrun stopped was waiting: collective mismatches)
 
 Events are JSON objects, one per line, written with a single write() so a
 reader never sees half of one. This module must stay import-light: the worker
@@ -82,6 +84,11 @@ def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
 
 def stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
     return rank_dir(run_dir, rank) / "stacks.txt"
+
+
+def ended_stacks_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    """The stacks a rank dumped as SIGTERM ended it (appended: one dump per attempt)."""
+    return rank_dir(run_dir, rank) / "ended-stacks.txt"
 
 
 def endings_path(run_dir: str | os.PathLike, host: str, agent_pid: int) -> Path:

@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         stacks = open(runfiles.stacks_path(run_dir, rank), "a")  # noqa: SIM115 - must stay open
         _keep_alive.append(stacks)
         faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+        _dump_on_sigterm(runfiles.ended_stacks_path(run_dir, rank))
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
     main_ident = threading.main_thread().ident
@@ -223,6 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart,
                       **where})
     return code
+
+
+def _dump_on_sigterm(path) -> None:
+    """When SIGTERM ends this rank (torchrun ending the peers of a failed rank, a Stop, a
+    timeout), faulthandler writes its stacks to path first, then the default action
+    ends the process as before (exit status -15). The launcher reads where the rank was
+    waiting: two ranks that waited in different collectives are a mismatch, even when
+    only one of them timed out before torchrun stopped the other. A process the script
+    forks (a DataLoader worker) does not inherit it: its stacks are not the rank's."""
+    ended = open(path, "a")  # noqa: SIM115 - must stay open for faulthandler
+    _keep_alive.append(ended)
+    faulthandler.register(signal.SIGTERM, file=ended, all_threads=True, chain=True)
+    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
 
 
 def run_script(script: str) -> BaseException | None:
