@@ -5,10 +5,11 @@ scripted worker states instead of processes.
     python tests/run/replay.py        re-records every ending of the endings table
                                       (after a change to tests/scripts/endings.py)
 
-A recording holds what the agents and ranks wrote: rank<R>/events.jsonl, stdout.log and
-stderr.log, the agents' ended-*.jsonl and agent.log, and recording.json (the ending, how
-the run started, world size, failing rank, the agent's exit code). This checkout's path
-is replaced by /home/learner/course, a learner's, in every file.
+A recording holds what the agents and ranks wrote: rank<R>/events.jsonl, stdout.log,
+stderr.log and ended-stacks.txt, the agents' ended-*.jsonl and agent.log, and
+recording.json (the ending, how the run started, world size, failing rank, the agent's
+exit code). This checkout's path is replaced by /home/learner/course, a learner's, in
+every file.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from labutils.run.spec import LaunchSpec
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "data" / "recorded"
 LEARNER = "/home/learner/course"
-FILES = ("rank*/events.jsonl", "rank*/stdout.log", "rank*/stderr.log", "ended-*.jsonl",
-         "agent.log")
+FILES = ("rank*/events.jsonl", "rank*/stdout.log", "rank*/stderr.log", "rank*/ended-stacks.txt",
+         "ended-*.jsonl", "agent.log")
 
 
 class ReplayAgents(LocalAgents):
