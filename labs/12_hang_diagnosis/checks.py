@@ -195,7 +195,8 @@ def diagnosis(c):
                            f"rank: {hang.waiting}")
     truth = {"rank": odd[0], "line": int(hang.waiting[odd[0]].rsplit(":", 1)[1]),
              "collective": hang.calls[odd[0]]}
-    case_text = f"case {mine['number']} ({mine['script']}, {mine['nproc']} ranks)"
+    case_text = (f"case {mine['number']} ({mine['script']}, {mine['nproc']} ranks; student id "
+                 f"{saved.get('student_id')!r})")
     for key, value in given.items():
         if value is not None:
             c.expect(value == truth[key], f"hung_{key}, {case_text}",
