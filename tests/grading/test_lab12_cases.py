@@ -27,6 +27,12 @@ def cases():
         sys.modules.pop("cases", None)
 
 
+@pytest.fixture(scope="module")
+def checks(cases):
+    """The lab's checks.py, loaded as the grader loads it (the lab folder on sys.path)."""
+    return load_checks(LAB)
+
+
 def test_a_student_id_always_gives_the_same_case_and_ids_spread_over_all(cases):
     assert cases.case("s1234") == cases.case(" S1234 ")
     spread = Counter(cases.case_number(f"student{i}") for i in range(2700))
@@ -38,8 +44,7 @@ def test_a_student_id_always_gives_the_same_case_and_ids_spread_over_all(cases):
 
 
 def test_every_world_puts_its_one_corrupt_reading_on_a_rank_of_its_own(cases):
-    sys.path.insert(0, str(LAB))
-    from readings import _sensor_log
+    from readings import _sensor_log  # the lab folder is on sys.path while `cases` lives
 
     finders = set()
     for nproc, seed in cases.WORLDS:
@@ -55,12 +60,7 @@ def test_every_world_puts_its_one_corrupt_reading_on_a_rank_of_its_own(cases):
     ("broadcast", "broadcast"), ("dist.all_gather", "all_gather"), ("barrier()", "barrier"),
     ("torch.distributed.broadcast", "broadcast"), ("", None), (None, None), (3, None),
     ("two words", None)])
-def test_the_collective_is_read_by_its_name(given, name):
-    sys.path.insert(0, str(LAB))
-    try:
-        checks = load_checks(LAB)
-    finally:
-        sys.path.remove(str(LAB))
+def test_the_collective_is_read_by_its_name(checks, given, name):
     assert checks._call_name(given) == name
 
 
@@ -86,16 +86,11 @@ def test_each_version_hangs_with_the_finder_in_its_own_collective(cases, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_diagnosis_copied_from_another_case_fails_and_the_right_one_passes(cases, tmp_path):
+def test_a_diagnosis_copied_from_another_case_fails_and_the_right_one_passes(cases, checks, tmp_path):
     """The solution's answer (case 22: rank 2, line 52, barrier) under its own id and
     under the id of a learner whose case is another version, world and rank."""
     from labutils.grading.checks import Checker, run_check
 
-    sys.path.insert(0, str(LAB))
-    try:
-        checks = load_checks(LAB)
-    finally:
-        sys.path.remove(str(LAB))
     other = next(f"id{i}" for i in range(1000) if cases.case(f"id{i}")["script"] != "original/train_v3.py"
                  and cases.case(f"id{i}")["nproc"] != 3)
     scores = {}
