@@ -50,10 +50,14 @@ test: setup
 	    status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 	$(PY) -m pytest -m serial $(DURATIONS) $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
-# The GPU tests alone (NCCL, nn.DataParallel, a notebook on CUDA); on a machine without
-# CUDA they are skipped with the reason. Needs a CUDA build of torch (PyPI's on Linux).
-test-gpu: setup
-	$(PY) -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS)
+# The GPU tests alone (NCCL, nn.DataParallel, the one-GPU parts of lessons 06 and 10, a
+# notebook on CUDA), with the machine's own Python and its CUDA build of torch: the
+# project's venv holds the CPU build, so no venv here, src/ on the path. Each test that
+# needs more GPUs than the machine has is listed as skipped with what it needs.
+GPU_PYTHON ?= python3
+test-gpu:
+	@$(GPU_PYTHON) -c "import torch, pytest" 2>/dev/null || { echo "make test-gpu: $(GPU_PYTHON) cannot import torch and pytest; install a CUDA build of torch and pytest for it, or name another: make test-gpu GPU_PYTHON=/path/to/python" >&2; exit 2; }
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -o addopts="" -p no:cacheprovider -rs -m gpu tests/test_gpu.py $(PYTEST_ARGS)
 
 benchmark: setup
 	$(PY) benchmarks/launcher.py

@@ -284,3 +284,50 @@ def test_lesson00_notebook_runs_with_the_gpus_visible(runs_dir, tmp_path):
     assert not errors
     last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert f"gpus seen by the kernel: {GPUS}" in last
+
+
+# ------------------------------------------------------------------ one-GPU parts of lessons 06 and 10
+
+@needs_gpus(1)
+def test_lesson06_cuda_autocast_puts_softmax_sum_and_layer_norm_in_float32():
+    """Lesson 06's claim about CUDA's autocast lists, measured next to CPU's."""
+    from labutils.course import lesson
+
+    lesson06 = lesson.load(LESSONS / "06_production_patterns", "lesson06")
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16)
+    x, y = torch.randn(16, 16), torch.randint(0, 16, (16,))
+    ops = {"softmax": lambda h: torch.softmax(h, dim=-1),
+           "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
+           "sum": lambda h: h.sum(), "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
+           "cross_entropy": lambda h: F.cross_entropy(h, y.to(h.device)),
+           "mse_loss": lambda h: F.mse_loss(h, torch.zeros_like(h)), "prod": lambda h: h.prod(),
+           "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
+    cpu = lesson06.autocast_dtypes("cpu", linear, x, ops)
+    cuda = lesson06.autocast_dtypes("cuda", linear, x, ops)
+    print(lesson06.autocast_comparison(linear, x, ops))  # kept in the log: the whole table
+    assert cpu["Linear (a matmul)"] == cuda["Linear (a matmul)"] == "bfloat16"
+    for op in ("softmax", "log_softmax", "sum", "layer_norm"):
+        assert (cpu[op], cuda[op]) == ("bfloat16", "float32"), op
+    for op in ("cross_entropy", "mse_loss"):
+        assert cpu[op] == cuda[op] == "float32", op
+
+
+@needs_gpus(1, nccl=True)
+def test_lesson10_inductor_on_one_gpu_writes_triton_and_equals_eager_ddp(runs_dir):
+    """Lesson 10's GPU cell: compile_ddp.py's part 2 on one rank with the GPU."""
+    from labutils.course import lesson
+
+    lesson10 = lesson.load(LESSONS / "10_current_stack", "lesson10")
+    result = launch(LESSONS / "10_current_stack" / "compile_ddp.py", 1, args=["--inductor-only"],
+                    display="none", hang_timeout=300, timeout=540)
+    assert result.ok, result.summary()
+    for line in (lesson10.equivalence_lines(result), lesson10.exactness_line(result),
+                 lesson10.compile_time_table(result), lesson10.kernels_line(result)):
+        print(line)
+    same = next(r for r in result.records if r.get("part") == "equivalence")
+    assert same["losses"] == same["weights"] == "equal (assert_close)", same
+    kernels = next(r for r in result.records if r.get("part") == "kernels")
+    assert kernels["device"] == "cuda" and kernels["triton"] > 0 and kernels["cpp"] == 0, kernels
+    assert not [r for r in result.records if r.get("part") == "graphs"]  # part 1 skipped

@@ -60,3 +60,19 @@ def test_environment_yml_installs_the_project_on_a_supported_python():
     minimum = tuple(int(x) for x in requires.removeprefix(">=").split("."))
     assert (int(python.group(1)), int(python.group(2))) >= minimum, \
         f"environment.yml's python={python.group(1)}.{python.group(2)} is below requires-python {requires}"
+
+
+def test_make_test_gpu_uses_the_machines_python_and_says_what_it_lacks(tmp_path):
+    """`make test-gpu` needs no venv (a GPU machine has its own CUDA torch): it never runs
+    the set-up, and a Python without torch is one line saying what to do."""
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "test-gpu"], cwd=REPO, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert ".venv" not in dry.stdout and "pip" not in dry.stdout, dry.stdout
+    assert "-m gpu tests/test_gpu.py" in dry.stdout and "-rs" in dry.stdout
+    missing = subprocess.run(["make", "test-gpu", f"GPU_PYTHON={tmp_path / 'no-python'}"], cwd=REPO,
+                             capture_output=True, text=True)
+    assert missing.returncode != 0
+    lines = [line for line in missing.stderr.splitlines() if not line.startswith("make:")]
+    assert len(lines) == 1 and "install a CUDA build of torch" in lines[0], missing.stderr

@@ -107,6 +107,32 @@ def dtype_table(x: torch.Tensor, hidden: torch.Tensor, outputs: dict[str, torch.
     return text_table(["operation under CPU autocast", "input dtype", "output dtype"], rows)
 
 
+def autocast_dtypes(device: str, linear: nn.Linear, x: torch.Tensor, ops: dict) -> dict[str, str]:
+    """The dtype each operation returns under bfloat16 autocast on `device` ("cpu" or
+    "cuda"), given the output of a copy of `linear` on x; an operation that raises gives
+    "fails (<its error's first line>)"."""
+    import copy
+
+    layer = copy.deepcopy(linear).to(device)
+    out = {}
+    with torch.autocast(device, dtype=torch.bfloat16):
+        hidden = layer(x.to(device))
+        out["Linear (a matmul)"] = str(hidden.dtype)
+        for op, fn in ops.items():
+            try:
+                out[op] = str(fn(hidden).dtype)
+            except (RuntimeError, NotImplementedError) as exc:
+                out[op] = f"fails ({str(exc).strip().splitlines()[0][:60]})"
+    return {op: dtype.replace("torch.", "") for op, dtype in out.items()}
+
+
+def autocast_comparison(linear: nn.Linear, x: torch.Tensor, ops: dict) -> str:
+    """One row per operation: its output dtype under CPU autocast and under CUDA autocast."""
+    cpu, cuda = autocast_dtypes("cpu", linear, x, ops), autocast_dtypes("cuda", linear, x, ops)
+    rows = [[op, cpu[op], cuda[op], "" if cpu[op] == cuda[op] else "differs"] for op in cpu]
+    return text_table(["operation under bfloat16 autocast", "CPU", "CUDA", ""], rows)
+
+
 def clip_order(max_norm: float = 1.0, init_scale: float = 2.0 ** 16) -> str:
     """clip_grad_norm_ before and after scaler.unscale_(), on the same gradients.
 

@@ -21,13 +21,18 @@ backend is "eager" wrapped in a counter: only the graph count matters here, and
 Part 2 (inductor): the same model trained STEPS steps eagerly and compiled with the
 default backend, inductor, from the same weights on the same data: losses and weights
 compared, the time of each step. On CPU, inductor writes C++ and compiles it with the
-machine's compiler (g++), which takes seconds per graph.
+machine's compiler (g++), which takes seconds per graph; on a GPU it writes Triton
+kernels. Last, the kernels it wrote are counted from its cache.
+
+    --inductor-only    part 2 alone (the lesson runs it on one GPU when there is one)
 """
 
 import os
 import re
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 # A fresh cache for this run, removed at the end: every run compiles from scratch, so the
 # compile times below are what a first run costs.
@@ -48,11 +53,14 @@ WIDTH, DEPTH = 512, 8   # 8 layers of 1,050,624 B each, and a head of 2,052 B
 CAPS = [None, 25, 4, 2, 1, 0.5]  # None: bucket_cap_mb left unset
 STEPS = 4
 
+INDUCTOR_ONLY = "--inductor-only" in sys.argv[1:]
+
 rank, world_size, device = init()
-torch.set_num_threads(1)  # the ranks share this machine's cores
-# One compile thread: on 2 cores a pool of compile workers only adds processes (on a
-# machine with many cores, drop this line: the default compiles graphs in parallel).
-torch._inductor.config.compile_threads = 1
+if device.type == "cpu":
+    torch.set_num_threads(1)  # the ranks share this machine's cores
+    # One compile thread: on 2 cores a pool of compile workers only adds processes (on a
+    # machine with many cores, drop this line: the default compiles graphs in parallel).
+    torch._inductor.config.compile_threads = 1
 
 
 def build(cap) -> DDP:
@@ -89,7 +97,7 @@ class CountingBackend:
 
 
 # Part 1: graphs against buckets.
-for cap, optimize_ddp in [(cap, True) for cap in CAPS] + [(None, False)]:
+for cap, optimize_ddp in [] if INDUCTOR_ONLY else [(cap, True) for cap in CAPS] + [(None, False)]:
     eager = build(cap)
     for i in range(3):  # buckets rebuilt in gradient-ready order at step 2, logged from step 3
         step(eager, None, i)
@@ -119,7 +127,7 @@ for name in ["eager", "inductor"]:
     losses, seconds = [], []
     for i in range(STEPS):
         start = time.perf_counter()
-        losses.append(step(model, optimizer, i))
+        losses.append(step(model, optimizer, i))  # .item() waits for the GPU, if any
         seconds.append(time.perf_counter() - start)
     runs[name] = {"losses": losses, "weights": [p.detach().clone() for p in ddp.parameters()]}
     report(part="inductor", run=name, bucket_cap_mb=CAP, losses=losses, step_s=seconds,
@@ -141,5 +149,21 @@ report(part="equivalence",
        losses_bitwise=compiled["losses"] == eager["losses"],
        weights_bitwise=all(torch.equal(a, b) for a, b in zip(compiled["weights"], eager["weights"])),
        max_weight_diff=max((a - b).abs().max().item() for a, b in zip(compiled["weights"], eager["weights"])))
+
+
+# What inductor wrote: each graph's wrapper (a .py file in the cache) defines its fused
+# kernels as `name = async_compile.cpp_pybinding(...)` (C++, CPU) or
+# `name = async_compile.triton(...)` (Triton, GPU), and calls matrix multiplications in a
+# library (cuBLAS or the CPU's BLAS) through extern_kernels.
+KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|cpp|triton)\(", re.M)
+kinds = {"C++": set(), "Triton": set()}
+library_calls = 0
+for wrapper in Path(cache.name).rglob("*.py"):
+    text = wrapper.read_text(errors="replace")
+    for name, how in KERNEL.findall(text):
+        kinds["Triton" if how == "triton" else "C++"].add((wrapper.name, name))
+    library_calls += len(re.findall(r"\bextern_kernels\.\w+\(", text))
+report(part="kernels", device=device.type, cpp=len(kinds["C++"]), triton=len(kinds["Triton"]),
+       library_calls=library_calls)
 torch.distributed.destroy_process_group()
 cache.cleanup()

@@ -157,6 +157,13 @@ def compile_time_table(run) -> str:
             + f"\n\nthe compiled first step took {compiled[0] / later:,.0f}x a later eager step")
 
 
+def kernels_line(run) -> str:
+    """What inductor wrote on rank 0: fused kernels by language, and library calls."""
+    rec = _part(run.records, "kernels", rank=0)[0]
+    return (f"inductor wrote {rec['cpp']} C++ and {rec['triton']} Triton kernels on {rec['device'].upper()}; "
+            f"its wrappers make {rec['library_calls']} library calls (the matrix multiplications)")
+
+
 # --------------------------------------------------------------------------- 3. DCP
 
 def files_table(save_run) -> str:

@@ -49,7 +49,8 @@ def test_clip_before_unscale_shrinks_the_update_by_the_scale(lesson06):
     assert float(rows["clip, then step (unscales inside)"][1]) == pytest.approx(0.25 / 2 ** 16, rel=1e-3)
 
 
-def _autocast_outputs():
+def _autocast_problem():
+    """The lesson's Linear, input and operations (its autocast cell)."""
     import torch
 
     F = torch.nn.functional
@@ -59,8 +60,15 @@ def _autocast_outputs():
     ops = {"softmax": lambda h: torch.softmax(h, dim=-1), "sum": lambda h: h.sum(),
            "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
            "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
-           "cross_entropy": lambda h: F.cross_entropy(h, y), "prod": lambda h: h.prod(),
+           "cross_entropy": lambda h: F.cross_entropy(h, y.to(h.device)), "prod": lambda h: h.prod(),
            "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
+    return linear, x, ops
+
+
+def _autocast_outputs():
+    import torch
+
+    linear, x, ops = _autocast_problem()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = linear(x)
         outputs = {name: op(hidden) for name, op in ops.items()}
@@ -90,6 +98,21 @@ def test_dtype_table_lists_input_and_output_per_op(lesson06):
     assert rows["softmax"] == ["bfloat16", "bfloat16"]
     assert rows["cross_entropy"] == ["bfloat16", "float32"]
     assert rows["its gradient, after backward"] == ["float32"]
+
+
+def test_autocast_dtypes_per_device_and_an_op_that_fails(lesson06):
+    """The helper behind the CPU-against-CUDA table (its CUDA half: tests/test_gpu.py)."""
+    linear, x, ops = _autocast_problem()
+
+    def refuses(h):
+        raise RuntimeError("\"my_op\" not implemented for 'BFloat16'\nsecond line")
+
+    got = lesson06.autocast_dtypes("cpu", linear, x, {**ops, "refuses": refuses})
+    assert got["Linear (a matmul)"] == "bfloat16"
+    assert (got["softmax"], got["sum"], got["cross_entropy"]) == ("bfloat16", "bfloat16", "float32")
+    assert got["fft.rfft"] == "complex64"
+    assert got["refuses"] == "fails (\"my_op\" not implemented for 'BFloat16')"
+    assert linear.weight.device.type == "cpu" and linear.weight.grad is None  # a copy ran
 
 
 # ------------------------------------------------------------------ scaling
