@@ -41,8 +41,8 @@ def local_slot() -> tuple[int, int]:
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     per_agent = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    index, _, count = os.environ.get(runfiles.ENV_LOCAL_AGENT, "0/1").partition("/")
-    return int(index) * per_agent + local_rank, int(count or 1) * per_agent
+    index, count = runfiles.local_agent(os.environ)
+    return index * per_agent + local_rank, count * per_agent
 
 
 def pick_backend(backend: str = "auto", *, local_world_size: int | None = None) -> str:

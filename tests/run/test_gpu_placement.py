@@ -60,3 +60,37 @@ def test_each_rank_of_a_run_of_local_agents_knows_its_place_on_the_machine(tmp_p
                     log_dir=tmp_path / "runs", timeout=120)
     assert result.ok, result.headline()
     assert sorted(r["place"] for r in result.records if "place" in r) == ["0/2", "1/2"]
+
+
+def test_hosts_of_a_virtual_cluster_share_the_machines_gpus(tmp_path):
+    """Each host of a virtual cluster is one launcher on this machine: its ranks are
+    told their place among every host's (on a one-GPU machine, lessons 01 and 07's
+    2-host runs picked nccl on both hosts and NCCL refused: "Duplicate GPU detected")."""
+    from labutils.cluster import virtual_cluster
+
+    script = tmp_path / "place.py"
+    script.write_text("import os\nimport torch.distributed as dist\n"
+                      "from labutils.dist import init, local_slot, report\ninit()\n"
+                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}), slot=local_slot())\n"
+                      "dist.barrier()\ndist.destroy_process_group()\n")
+    with virtual_cluster(2) as cluster:
+        result = cluster.launch(script, nproc=2, display="none", log_dir=tmp_path / "runs", timeout=120)
+    assert result.ok, result.headline()
+    places = sorted((r["rank"], r["place"], tuple(r["slot"])) for r in result.records if "place" in r)
+    # host h's ranks: agent h of 2; local slots 0-1 on host 0, 2-3 on host 1, of 4
+    assert places == [(0, "0/2", (0, 4)), (1, "0/2", (1, 4)), (2, "1/2", (2, 4)), (3, "1/2", (3, 4))]
+
+
+def test_a_launcher_placed_next_to_others_counts_its_agents_within_its_place(tmp_path):
+    """Host 1 of 2 with local_agents=2 on each host: agents 2 and 3 of the machine's 4."""
+    from labutils import launch
+
+    script = tmp_path / "place.py"
+    script.write_text("import os\nimport torch.distributed as dist\n"
+                      "from labutils.dist import init, report\ninit()\n"
+                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}))\n"
+                      "dist.barrier()\ndist.destroy_process_group()\n")
+    result = launch(script, nproc=1, nnodes="1:2", local_agents=2, display="none",
+                    env={runfiles.ENV_LOCAL_AGENT: "1/2"}, log_dir=tmp_path / "runs", timeout=120)
+    assert result.ok, result.headline()
+    assert sorted(r["place"] for r in result.records if "place" in r) == ["2/4", "3/4"]

@@ -216,12 +216,14 @@ class VirtualCluster:
             _end_nodes(nodes, node_timeout)
 
     def _node_env(self, host: int, env: dict | None) -> dict[str, str]:
-        """The ranks' environment on host; labutils.dist.link_bytes() reads the link's name."""
+        """The ranks' environment on host: labutils.dist.link_bytes() reads the link's
+        name; every host is this machine, so its ranks share its GPUs with the other
+        hosts' (labutils.dist.init() counts them all before choosing nccl)."""
         from labutils.runtime import runfiles
 
         name = self.interfaces[host] if self.mode == "namespaces" else None
         link = {runfiles.ENV_LINK: name} if name else {}
-        return {**(env or {}), **link}
+        return {**(env or {}), **link, runfiles.ENV_LOCAL_AGENT: f"{host}/{self.hosts}"}
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -155,9 +155,14 @@ class LocalAgents(Backend):
                 self.start_kind, self.start_reason = "cold", str(exc)
                 self._commands()
                 note(f"starting cold: {exc}")
+        # A launcher placed on this machine next to others of the same job (a virtual
+        # cluster's host) is told its own place; its agents count within it.
+        outer, launchers = runfiles.local_agent(env)
+        agents_here = launchers * self.spec.local_agents
         for agent in self.agents:
+            place = outer * self.spec.local_agents + agent.index
             agent_env = {**env, runfiles.ENV_AGENT_INDEX: str(agent.index + self.spec.node_index),
-                         runfiles.ENV_LOCAL_AGENT: f"{agent.index}/{self.spec.local_agents}"}
+                         runfiles.ENV_LOCAL_AGENT: f"{place}/{agents_here}"}
             if server is not None:
                 # the keeper's arguments: its command without "python -m labutils.runtime.agent"
                 agent.proc = server.start(agent.command[3:], agent_env, agent.log_path)

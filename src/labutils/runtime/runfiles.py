@@ -42,8 +42,9 @@ ENV_AGENT_PID = "LABUTILS_AGENT_PID"  # the torchrun agent (set by the keeper's 
 ENV_PARENT_PID = "LABUTILS_PARENT_PID"  # the launcher that started the keeper
 ENV_BACKEND = "LABUTILS_BACKEND"  # launch(backend=...): labutils.dist.init() reads it
 ENV_AGENT_INDEX = "LABUTILS_AGENT_INDEX"  # which of the run's agents started this rank
-# "I/N": this rank's agent is the I-th of the N agents on this machine (local_agents=N):
-# ranks of all N share the machine's GPUs, so labutils.dist.init() counts them all.
+# "I/N": this rank's agent is the I-th of the N agents on this machine (local_agents=N,
+# or one agent per host of a virtual cluster): ranks of all N share the machine's GPUs,
+# so labutils.dist.init() counts them all.
 ENV_LOCAL_AGENT = "LABUTILS_LOCAL_AGENT"
 # Which launcher (host and pid) started this rank: in a multi-node job several launchers,
 # one per machine, share a run folder and each one signals only its own ranks.
@@ -272,3 +273,9 @@ def event_writer() -> EventWriter | None:
         _writer = EventWriter(events_path(run_dir, int(key[1])))
         _writer_key = key
     return _writer
+
+
+def local_agent(env) -> tuple[int, int]:
+    """(I, N) of ENV_LOCAL_AGENT in env (a mapping such as os.environ); (0, 1) when unset."""
+    index, _, count = env.get(ENV_LOCAL_AGENT, "0/1").partition("/")
+    return int(index or 0), int(count or 1)
