@@ -99,7 +99,9 @@ plain = models["compute only"][0]
 probe = torch.randn(world_size * 1000, generator=torch.Generator().manual_seed(rank))
 mine, gloos = torch.empty(1000), torch.empty(1000)
 AllToAllReduceScatter()(mine, probe, dist.group.WORLD, dist.ReduceOp.AVG)
-dist.reduce_scatter_single(gloos, probe, op=dist.ReduceOp.AVG)
+# torch 2.13 renamed reduce_scatter_tensor to reduce_scatter_single
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+reduce_scatter_single(gloos, probe, op=dist.ReduceOp.AVG)
 report(part="wire model", parameter_bytes=sum(p.numel() * p.element_size() for p in plain.parameters()),
        all_to_all_reduce_scatter_ok=torch.allclose(mine, gloos))  # the same average as gloo's
 inside: list[float] = []  # seconds spent inside each collective of the step, in call order

@@ -58,3 +58,14 @@ def test_unknown_op_is_one_line_before_anything_is_wrapped():
     with pytest.raises(InputError, match=r"CollectiveLog ops: expected names among .*got \['allreduce'\]"):
         CollectiveLog(["all_reduce", "allreduce"])
     assert dist.all_reduce is before
+
+
+def test_on_a_torch_before_2_13_the_new_names_log_the_old_functions(group, monkeypatch):
+    """torch 2.11 has no all_gather_single: FSDP2 calls all_gather_into_tensor there, and
+    a log of "all_gather_single" wraps that (lesson 07 on a GPU machine's torch 2.11)."""
+    old = dist.all_gather_into_tensor
+    monkeypatch.delattr(dist, "all_gather_single")
+    with CollectiveLog(["all_gather_single"]) as log:
+        dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
+    assert [(c.op, c.nbytes) for c in log.calls] == [("all_gather_single", 16)]
+    assert dist.all_gather_into_tensor is old and not hasattr(dist, "all_gather_single")

@@ -57,6 +57,10 @@ _DATA_KW = {"reduce_scatter_single": "input", "reduce_scatter_tensor": "input",
             "all_gather_single": "output_tensor", "all_gather_into_tensor": "output_tensor",
             "all_to_all_single": "input"}
 _PEER_KW = {"broadcast": "src", "recv": "src", "irecv": "src", "send": "dst", "isend": "dst"}
+# torch 2.13's names and the ones torch 2.11 and 2.12 have for the same functions (which
+# FSDP2 calls there): a log of the new name wraps the old function on an older torch.
+OLDER_NAME = {"all_gather_single": "all_gather_into_tensor",
+              "reduce_scatter_single": "reduce_scatter_tensor"}
 
 
 class CollectiveLog:
@@ -114,15 +118,16 @@ class CollectiveLog:
         import torch.distributed as dist
 
         for op in self.ops:
-            self._real[op] = getattr(dist, op)
-            setattr(dist, op, self._wrap(op, self._real[op]))
+            name = op if hasattr(dist, op) else OLDER_NAME.get(op, op)
+            self._real[name] = getattr(dist, name)
+            setattr(dist, name, self._wrap(op, self._real[name]))
         return self
 
     def __exit__(self, *exc) -> None:
         import torch.distributed as dist
 
-        for op, real in self._real.items():
-            setattr(dist, op, real)
+        for name, real in self._real.items():
+            setattr(dist, name, real)
         self._real.clear()
 
 
