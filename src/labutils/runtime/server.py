@@ -37,11 +37,16 @@ import select
 import socket
 import sys
 import traceback
+import warnings
 
 from labutils.runtime import agent
 
-# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker.
-PRELOAD = ("torch", "torch.distributed.run", "labutils.runtime.worker")
+# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker,
+# and torch._dynamo, which DDP's constructor imports (about 1.3 s of CPU per rank).
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "labutils.runtime.worker")
+# Imported ahead for speed only: a rank that never uses it must not see what importing it
+# changed in the interpreter (it adds a warnings filter, sympy's).
+AHEAD_OF_USE = ("torch._dynamo",)
 PARENT_CHECK_S = 0.1
 
 
@@ -144,7 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     starter = os.getppid()
     conn = socket.socket(fileno=int(argv[0]))
     for name in PRELOAD:
+        filters = list(warnings.filters)
         importlib.import_module(name)
+        if name in AHEAD_OF_USE:
+            warnings.filters[:] = filters
     # Importing torch loads OpenBLAS, whose idle thread server OpenBLAS itself stops
     # before a fork (pthread_atfork) and starts again only for BLAS work, which this
     # process never does: one fork now leaves the server single-threaded for good.
