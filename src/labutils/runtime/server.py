@@ -38,6 +38,7 @@ import socket
 import sys
 import traceback
 import warnings
+from typing import cast
 
 from labutils.runtime import agent
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         filters = list(warnings.filters)
         importlib.import_module(name)
         if name in AHEAD_OF_USE:
-            warnings.filters[:] = filters
+            cast(list, warnings.filters)[:] = filters  # the module's own list, in place
     # Importing torch loads OpenBLAS, whose idle thread server OpenBLAS itself stops
     # before a fork (pthread_atfork) and starts again only for BLAS work, which this
     # process never does: one fork now leaves the server single-threaded for good.
