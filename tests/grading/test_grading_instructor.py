@@ -143,7 +143,8 @@ def _autograder_root(tmp_path: Path, lab: Path, submission: Path) -> Path:
     zip_path = gradescope.build(lab, tmp_path / "autograder.zip")
     root = tmp_path / "autograder"
     names = _unzip(zip_path, root / "source")
-    assert {"setup.sh", "run_autograder"} <= set(names)   # at the zip's root
+    assert {"setup.sh", "run_autograder", "README.md"} <= set(names)   # at the zip's root
+    assert "## What this lab needs" in (root / "source" / "README.md").read_text()
     assert f"lab/{HIDDEN_CHECKS_FILE}" in names and "labutils/pyproject.toml" in names
     os.symlink(sys.prefix, root / "venv")   # what setup.sh builds (tested on its own below)
     shutil.copytree(submission, root / "submission")

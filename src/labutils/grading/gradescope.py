@@ -88,6 +88,7 @@ def build(lab: str | os.PathLike, out: str | os.PathLike) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        _add(zf, "README.md", readme(the_lab))
         _add(zf, "setup.sh", SETUP_SH, executable=True)
         _add(zf, "run_autograder", RUN_AUTOGRADER, executable=True)
         _add(zf, "requirements.lock", (REPO / "requirements.lock").read_bytes())
@@ -101,6 +102,49 @@ def build(lab: str | os.PathLike, out: str | os.PathLike) -> Path:
             _add(zf, f"lab/{rel}", data)
     os.replace(tmp, out)
     return out
+
+
+# Measured by benchmarks/lab_resources.py (grading on one core) for every lab of the course.
+RESOURCES_FILE = "resources.json"
+# Gradescope's default container: 0.5 vCPU, 768 MB, a 10-minute limit.
+DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_MIN = 768, 10
+
+
+def readme(the_lab) -> str:
+    """The zip's README.md: what the lab needs of Gradescope's container, from the lab's
+    measured figures (labs/resources.json), and how to re-measure them."""
+    name = the_lab.folder.name
+    measure = f"sudo .venv/bin/python benchmarks/lab_resources.py --labs {name} --write"
+    path = the_lab.folder.parent / RESOURCES_FILE
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    figures = doc.get("labs", {}).get(name)
+    head = (f"# Autograder: {the_lab.title}\n\nUpload this zip as the autograder of a Gradescope "
+            "programming assignment (base image: Ubuntu 24.04). setup.sh installs torch (CPU) "
+            "and labutils; run_autograder grades each submission with `labutils grade`.\n\n"
+            "## What this lab needs\n\n")
+    if not figures:
+        return head + (f"Not measured yet. In a clone of the course, run `{measure}`, then "
+                       "build this zip again.\n")
+    rows = [(kind, figures[kind]) for kind in ("solution", "starter") if kind in figures]
+    peak = max(f["peak_mb"] for _, f in rows)
+    wall = max(f["wall_s"] for _, f in rows)
+    memory = -(-peak * 1.5 // 256) * 256            # 1.5x the peak, in steps of 256 MB
+    minutes = max(5, -(-wall * 3 // 60))             # 3x the slower grading, whole minutes
+    table = ["| submission | wall (s) | CPU (s) | peak memory (MB) |", "| --- | --- | --- | --- |"]
+    table += [f"| {'learner copy, unchanged' if kind == 'starter' else kind} | {f['wall_s']:g} | "
+              f"{f['cpu_s']:g} | {f['peak_mb']:g} |" for kind, f in rows]
+    return head + "\n".join([
+        f"One submission graded on one core ({doc.get('measured', '?')}, {doc.get('machine', '?')}):",
+        "", *table, "",
+        f"- **Memory**: at least {memory:.0f} MB (1.5x the peak). Gradescope's default container "
+        f"has {DEFAULT_MEMORY_MB} MB: " + ("enough." if memory <= DEFAULT_MEMORY_MB else
+                                           "too little; choose a larger one."),
+        f"- **Timeout**: at least {minutes:.0f} minutes (3x the slower grading). The default is "
+        f"{DEFAULT_TIMEOUT_MIN}: " + ("enough." if minutes <= DEFAULT_TIMEOUT_MIN else "raise it."),
+        "- **CPU**: one core is enough. With less (the default container has half a CPU) "
+        "the grader counts the CPUs it has and stretches the lab's hang timeouts and "
+        "deadlines to match (2 cores / CPUs), so gradings take longer but do not fail.",
+        "", f"Measured again with `{measure}` in a clone of the course.", ""])
 
 
 def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, *, executable: bool = False) -> None:

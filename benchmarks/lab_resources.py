@@ -1,0 +1,152 @@
+"""What grading one submission of each lab needs on one core: wall time, CPU time and
+peak memory, for the solution and for the learner's copy as released (the starter).
+
+    .venv/bin/python benchmarks/lab_resources.py [--labs LAB ...] [--json FILE] [--write]
+
+Each grading is `labutils grade` in a process of its own, pinned to one core (the
+grader sees one core and stretches the labs' hang timeouts as it would on a one-core
+autograder), in a memory cgroup and a cpuacct cgroup of its own: peak memory is the
+cgroup's high-water mark (every process of the grading together, the kernel's page
+cache for its files included), CPU time the cgroup's total. Needs root and cgroups (v1
+here; v2's memory.peak and cpu.stat are read where v1 is absent).
+
+--write stores the figures in labs/resources.json; `labutils autograder` prints them
+in the zip's README with the Gradescope settings they call for.
+
+Exit status: 0 when every solution got full marks and every starter failed, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESOURCES = REPO / "labs" / "resources.json"
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def _own_cgroup(controller: str) -> Path:
+    """This process's cgroup folder for a v1 controller (or the v2 one)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return CGROUP / controller / path.lstrip("/")
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return CGROUP / line[3:].lstrip("/")
+    raise OSError(f"no {controller} cgroup for this process")
+
+
+class Meter:
+    """A fresh memory cgroup and cpuacct cgroup; the process started in them is measured."""
+
+    def __init__(self, name: str) -> None:
+        self.v2 = not (CGROUP / "memory").is_dir()
+        parents = [_own_cgroup("memory")] if self.v2 else [_own_cgroup("memory"), _own_cgroup("cpuacct")]
+        self.groups = [p / name for p in parents]
+        for g in self.groups:
+            g.mkdir()
+
+    def enter(self) -> None:  # in the child, before exec
+        for g in self.groups:
+            (g / "cgroup.procs").write_text(str(os.getpid()))
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+    def peak_mb(self) -> float:
+        f = self.groups[0] / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
+        return int(f.read_text()) / 2**20
+
+    def cpu_s(self) -> float:
+        if self.v2:
+            stat = dict(line.split() for line in (self.groups[0] / "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+        return int((self.groups[1] / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        for g in self.groups:
+            for _ in range(50):
+                try:
+                    g.rmdir()
+                    break
+                except OSError:   # a process of the grading still exiting
+                    time.sleep(0.1)
+
+
+def measure(lab: str, kind: str, submission: Path, out: Path) -> dict:
+    meter = Meter(f"labutils-resources-{os.getpid()}-{lab}-{kind}")
+    labutils = Path(sys.executable).with_name("labutils")
+    try:
+        t0 = time.monotonic()
+        done = subprocess.run([str(labutils), "grade", str(REPO / "labs" / lab), str(submission),
+                               "--out", str(out)], preexec_fn=meter.enter,
+                              capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        figures = {"wall_s": round(wall, 1), "cpu_s": round(meter.cpu_s(), 1),
+                   "peak_mb": round(meter.peak_mb())}
+    finally:
+        meter.close()
+    results = sorted(out.glob("*/results.json"))
+    data = json.loads(results[0].read_text()) if results else {}
+    passed = data.get("extra_data", {}).get("passed")
+    figures["score"] = f"{data.get('score', 0):g}/{data.get('max_score', 0):g}"
+    figures["as_expected"] = bool(results) and passed == (kind == "solution") and (
+        kind != "solution" or data.get("score") == data.get("max_score"))
+    if not figures["as_expected"]:
+        figures["problem"] = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no results"]
+    return figures
+
+
+def main() -> int:
+    from labutils.grading.release import release
+
+    labs_all = sorted(p.parent.name for p in (REPO / "labs").glob("*/lab.json"))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--labs", nargs="+", default=labs_all, choices=labs_all, metavar="LAB")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--write", action="store_true", help=f"store them in {RESOURCES.relative_to(REPO)}")
+    ns = p.parse_args()
+    if os.geteuid() != 0:
+        print("lab_resources.py: needs root, to make cgroups; run it with sudo", file=sys.stderr)
+        return 2
+    load = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="labutils-resources-"))
+    rows, ok = {}, True
+    try:
+        print(f"{'lab':28} {'submission':10} {'wall (s)':>9} {'CPU (s)':>8} {'peak (MB)':>10}  score",
+              flush=True)
+        for lab in ns.labs:
+            starter = release(REPO / "labs" / lab, work / "released" / lab, verify=False, progress=None)
+            rows[lab] = {}
+            for kind, sub in (("solution", REPO / "solutions" / lab / f"{lab}.ipynb"), ("starter", starter)):
+                fig = measure(lab, kind, sub, work / "grades" / lab / kind)
+                rows[lab][kind] = fig
+                ok &= fig["as_expected"]
+                print(f"{lab:28} {kind:10} {fig['wall_s']:9.1f} {fig['cpu_s']:8.1f} {fig['peak_mb']:10.0f}  "
+                      f"{fig['score']}" + ("" if fig["as_expected"] else f"  NOT AS EXPECTED: {fig['problem']}"),
+                      flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    doc = {"measured": str(date.today()), "cores": 1,
+           "machine": f"{platform.processor() or platform.machine()}, load {load:.2f} before",
+           "command": "sudo .venv/bin/python benchmarks/lab_resources.py --write", "labs": rows}
+    if ns.json:
+        ns.json.write_text(json.dumps(doc, indent=1) + "\n")
+    if ns.write:
+        old = json.loads(RESOURCES.read_text()) if RESOURCES.is_file() else {"labs": {}}
+        doc["labs"] = {**old.get("labs", {}), **rows}
+        RESOURCES.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
