@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from labutils.grading import report
 from labutils.grading.batch import grade, load_lab
 from labutils.grading.checks import VISIBILITY
 from labutils.grading.release import release, starter_problems
@@ -39,10 +40,19 @@ def _failing(result: dict) -> list[str]:
     return sorted(t["name"] for t in result["tests"] if t["status"] != "passed" and t["max_score"])
 
 
+def _why(result: dict) -> str:
+    """A grading's outcome in a failure message: the failing checks and what they said."""
+    failing = [f"{t['name']}: {t['output'][-1500:]}" for t in result["tests"] if t["status"] != "passed"]
+    score, max_score = report.totals(result["tests"])
+    return "\n".join([f"{result['name']}: score {score:g}/{max_score:g} in {result.get('duration_s')} s, "
+                      f"notebook {result.get('notebook', {}).get('status')}, "
+                      f"grader error {result.get('grader_error')!r}", *failing])
+
+
 def _assert_solution(result: dict) -> None:
-    assert result["passed"] and not result.get("grader_error"), result
+    assert result["passed"] and not result.get("grader_error"), _why(result)
     failing = [(t["name"], t["output"]) for t in result["tests"] if t["status"] != "passed"]
-    assert not failing, failing
+    assert not failing, _why(result)
     assert result["notebook"]["status"] == "completed"
     assert result["integrity"] == []
 
