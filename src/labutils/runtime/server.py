@@ -37,17 +37,17 @@ import select
 import socket
 import sys
 import traceback
-import warnings
-from typing import cast
 
 from labutils.runtime import agent
 
-# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker,
-# and torch._dynamo, which DDP's constructor imports (about 1.3 s of CPU per rank).
-PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "labutils.runtime.worker")
-# Imported ahead for speed only: a rank that never uses it must not see what importing it
-# changed in the interpreter (it adds a warnings filter, sympy's).
-AHEAD_OF_USE = ("torch._dynamo",)
+# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker.
+# Not torch._dynamo, although DDP's constructor imports it (about 1.3 s of CPU per rank):
+# with it preloaded, half of the 4-rank gloo DDP runs of lab 08 on a loaded machine
+# deadlocked at exit (py-spy: the main thread, holding the GIL, joins gloo's worker
+# threads in ~ProcessGroupGloo as the Reducer is freed; a worker thread, destroying its
+# last all-reduce work, waits for the GIL to free a Python object of that work's
+# ThreadLocalState). Without it, none did in the same test (2026-11-26).
+PRELOAD = ("torch", "torch.distributed.run", "labutils.runtime.worker")
 PARENT_CHECK_S = 0.1
 
 
@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     starter = os.getppid()
     conn = socket.socket(fileno=int(argv[0]))
     for name in PRELOAD:
-        filters = list(warnings.filters)
         importlib.import_module(name)
-        if name in AHEAD_OF_USE:
-            cast(list, warnings.filters)[:] = filters  # the module's own list, in place
     # Importing torch loads OpenBLAS, whose idle thread server OpenBLAS itself stops
     # before a fork (pthread_atfork) and starts again only for BLAS work, which this
     # process never does: one fork now leaves the server single-threaded for good.
