@@ -5,10 +5,14 @@ peak memory, for the solution and for the learner's copy as released (the starte
 
 Each grading is `labutils grade` in a process of its own, pinned to one core (the
 grader sees one core and stretches the labs' hang timeouts as it would on a one-core
-autograder), in a memory cgroup and a cpuacct cgroup of its own: peak memory is the
-cgroup's high-water mark (every process of the grading together, the kernel's page
-cache for its files included), CPU time the cgroup's total. Needs root and cgroups (v1
-here; v2's memory.peak and cpu.stat are read where v1 is absent).
+autograder), in a memory cgroup and a cpuacct cgroup of its own. Peak memory is the
+largest sum, over the cgroup's processes, of their proportional set sizes (PSS: a page
+shared by forked ranks counted once in all), sampled every 0.2 s from another core, and
+anon_peak_mb the same for their anonymous memory alone (the rest is torch's libraries,
+mapped from files, which the kernel can drop and read again);
+the cgroup's own high-water mark, which also counts the page cache of every file read
+(torch's libraries), is kept as cgroup_peak_mb. CPU time is the cgroup's total. Needs
+root and cgroups (v1 here; v2's memory.peak and cpu.stat where v1 is absent).
 
 --write stores the figures in labs/resources.json; `labutils autograder` prints them
 in the zip's README with the Gradescope settings they call for.
@@ -62,6 +66,24 @@ class Meter:
             (g / "cgroup.procs").write_text(str(os.getpid()))
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
+    def pss_mb(self) -> tuple[float, float]:
+        """The processes' proportional set sizes together, now: (all of it, the anonymous
+        part). The rest is files mapped (torch's libraries): the kernel can drop those
+        pages and read them again; anonymous memory it cannot, short of killing."""
+        total = anon = 0
+        for pid in (self.groups[0] / "cgroup.procs").read_text().split():
+            try:
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+            except OSError:   # gone meanwhile
+                continue
+            for line in rollup:
+                key, _, value = line.partition(":")
+                if key == "Pss":
+                    total += int(value.split()[0])
+                elif key in ("Pss_Anon", "Pss_Shmem"):
+                    anon += int(value.split()[0])
+        return total / 1024, anon / 1024
+
     def peak_mb(self) -> float:
         f = self.groups[0] / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
         return int(f.read_text()) / 2**20
@@ -87,12 +109,19 @@ def measure(lab: str, kind: str, submission: Path, out: Path) -> dict:
     labutils = Path(sys.executable).with_name("labutils")
     try:
         t0 = time.monotonic()
-        done = subprocess.run([str(labutils), "grade", str(REPO / "labs" / lab), str(submission),
-                               "--out", str(out)], preexec_fn=meter.enter,
-                              capture_output=True, text=True)
+        proc = subprocess.Popen([str(labutils), "grade", str(REPO / "labs" / lab), str(submission),
+                                 "--out", str(out)], preexec_fn=meter.enter,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        peak = anon = 0.0
+        while proc.poll() is None:
+            now, now_anon = meter.pss_mb()
+            peak, anon = max(peak, now), max(anon, now_anon)
+            time.sleep(0.2)
         wall = time.monotonic() - t0
+        output = proc.stdout.read() if proc.stdout else ""
         figures = {"wall_s": round(wall, 1), "cpu_s": round(meter.cpu_s(), 1),
-                   "peak_mb": round(meter.peak_mb())}
+                   "peak_mb": round(peak), "anon_peak_mb": round(anon),
+                   "cgroup_peak_mb": round(meter.peak_mb())}
     finally:
         meter.close()
     results = sorted(out.glob("*/results.json"))
@@ -102,7 +131,7 @@ def measure(lab: str, kind: str, submission: Path, out: Path) -> dict:
     figures["as_expected"] = bool(results) and passed == (kind == "solution") and (
         kind != "solution" or data.get("score") == data.get("max_score"))
     if not figures["as_expected"]:
-        figures["problem"] = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no results"]
+        figures["problem"] = output.strip().splitlines()[-1:] or ["no results"]
     return figures
 
 
@@ -122,7 +151,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="labutils-resources-"))
     rows, ok = {}, True
     try:
-        print(f"{'lab':28} {'submission':10} {'wall (s)':>9} {'CPU (s)':>8} {'peak (MB)':>10}  score",
+        print(f"{'lab':28} {'submission':10} {'wall (s)':>9} {'CPU (s)':>8} {'peak (MB)':>10} "
+              f"{'anon (MB)':>10}  score",
               flush=True)
         for lab in ns.labs:
             starter = release(REPO / "labs" / lab, work / "released" / lab, verify=False, progress=None)
@@ -131,7 +161,8 @@ def main() -> int:
                 fig = measure(lab, kind, sub, work / "grades" / lab / kind)
                 rows[lab][kind] = fig
                 ok &= fig["as_expected"]
-                print(f"{lab:28} {kind:10} {fig['wall_s']:9.1f} {fig['cpu_s']:8.1f} {fig['peak_mb']:10.0f}  "
+                print(f"{lab:28} {kind:10} {fig['wall_s']:9.1f} {fig['cpu_s']:8.1f} {fig['peak_mb']:10.0f} "
+                      f"{fig['anon_peak_mb']:10.0f}  "
                       f"{fig['score']}" + ("" if fig["as_expected"] else f"  NOT AS EXPECTED: {fig['problem']}"),
                       flush=True)
     finally:

@@ -358,16 +358,17 @@ def test_the_autograder_readme_gives_the_settings_the_measured_figures_call_for(
     shutil.copytree(REPO / "labs" / lab.name, lab)
     assert "Not measured yet" in readme(load_lab(lab))
     assert "lab_resources.py --labs 04_gradient_accumulation --write" in readme(load_lab(lab))
-    figures = {"solution": {"wall_s": 50.0, "cpu_s": 41.5, "peak_mb": 600},
-               "starter": {"wall_s": 70.0, "cpu_s": 30.0, "peak_mb": 420}}
+    figures = {"solution": {"wall_s": 50.0, "cpu_s": 41.5, "peak_mb": 700, "anon_peak_mb": 600},
+               "starter": {"wall_s": 70.0, "cpu_s": 30.0, "peak_mb": 500, "anon_peak_mb": 420}}
     (lab.parent / "resources.json").write_text(json.dumps(
         {"measured": "2026-11-26", "machine": "x86_64, load 0.10 before",
          "labs": {lab.name: figures}}))
     text = readme(load_lab(lab))
-    assert "| solution | 50 | 41.5 | 600 |" in text and "| learner copy, unchanged | 70 | 30 | 420 |" in text
+    assert "| solution | 50 | 41.5 | 700 | 600 |" in text
+    assert "| learner copy, unchanged | 70 | 30 | 500 | 420 |" in text
     assert "at least 1024 MB" in text and "768 MB: too little" in text     # 900 -> 1024
     assert "at least 5 minutes" in text and "10: enough" in text           # 210 s -> 4 -> 5
-    figures["solution"]["peak_mb"], figures["starter"]["wall_s"] = 300, 400
+    figures["solution"]["anon_peak_mb"], figures["starter"]["wall_s"] = 300, 400  # 630 > 500
     (lab.parent / "resources.json").write_text(json.dumps({"labs": {lab.name: figures}}))
     text = readme(load_lab(lab))
     assert "at least 768 MB" in text and "768 MB: enough" in text and "at least 20 minutes" in text  # 630

@@ -127,16 +127,23 @@ def readme(the_lab) -> str:
                        "build this zip again.\n")
     rows = [(kind, figures[kind]) for kind in ("solution", "starter") if kind in figures]
     peak = max(f["peak_mb"] for _, f in rows)
+    anon = max(f.get("anon_peak_mb", f["peak_mb"]) for _, f in rows)
     wall = max(f["wall_s"] for _, f in rows)
-    memory = -(-peak * 1.5 // 256) * 256            # 1.5x the peak, in steps of 256 MB
+    # 1.5x the memory the kernel cannot drop (anonymous), and no less than everything
+    # mapped at the peak (torch's libraries too), in steps of 256 MB
+    memory = -(-max(anon * 1.5, peak) // 256) * 256
     minutes = max(5, -(-wall * 3 // 60))             # 3x the slower grading, whole minutes
-    table = ["| submission | wall (s) | CPU (s) | peak memory (MB) |", "| --- | --- | --- | --- |"]
+    table = ["| submission | wall (s) | CPU (s) | peak memory (MB) | of it anonymous (MB) |",
+             "| --- | --- | --- | --- | --- |"]
     table += [f"| {'learner copy, unchanged' if kind == 'starter' else kind} | {f['wall_s']:g} | "
-              f"{f['cpu_s']:g} | {f['peak_mb']:g} |" for kind, f in rows]
+              f"{f['cpu_s']:g} | {f['peak_mb']:g} | {f.get('anon_peak_mb', '?')} |" for kind, f in rows]
     return head + "\n".join([
         f"One submission graded on one core ({doc.get('measured', '?')}, {doc.get('machine', '?')}):",
         "", *table, "",
-        f"- **Memory**: at least {memory:.0f} MB (1.5x the peak). Gradescope's default container "
+        "Peak memory: the processes' proportional set sizes together (a page that forked "
+        "ranks share counted once), sampled every 0.2 s.", "",
+        f"- **Memory**: at least {memory:.0f} MB (1.5x the anonymous peak, and no less than the "
+        "whole peak). Gradescope's default container "
         f"has {DEFAULT_MEMORY_MB} MB: " + ("enough." if memory <= DEFAULT_MEMORY_MB else
                                            "too little; choose a larger one."),
         f"- **Timeout**: at least {minutes:.0f} minutes (3x the slower grading). The default is "
