@@ -150,7 +150,9 @@ def readme(the_lab) -> str:
         f"{DEFAULT_TIMEOUT_MIN}: " + ("enough." if minutes <= DEFAULT_TIMEOUT_MIN else "raise it."),
         "- **CPU**: one core is enough. With less (the default container has half a CPU) "
         "the grader counts the CPUs it has and stretches the lab's hang timeouts and "
-        "deadlines to match (2 cores / CPUs), so gradings take longer but do not fail.",
+        "deadlines to match (2 cores / CPUs): gradings take longer instead of calling a "
+        "slow rank hung. The figures above were measured on one core; half a CPU was not "
+        "tried.",
         "", f"Measured again with `{measure}` in a clone of the course.", ""])
 
 
