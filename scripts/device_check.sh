@@ -4,7 +4,7 @@
 # has 16 cores). Each notebook has its own time limit, so one that hangs does not cost
 # the others; executed notebooks and logs go to $OUT.
 # Usage there: bash scripts/device_check.sh [gpu-tests] NOTEBOOKS-A -- NOTEBOOKS-B
-#   (wheels in .whl/, and Debian's ip and tc in .whl/iproute2 for virtual clusters)
+#   (wheels in .whl/; Debian's ip and tc in .whl/iproute2, made by scripts/iproute2_bundle.sh)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
