@@ -4,6 +4,8 @@ GPU detected"). Checked without a GPU by telling torch how many it has."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -48,14 +50,20 @@ def test_nccl_with_more_local_ranks_than_gpus_is_refused_before_starting(gpus, t
     spec.make_spec(script, 1, backend="nccl")   # one rank, one GPU: fine
 
 
+def _place_script(tmp_path) -> Path:
+    """A script whose ranks report their agent's place on the machine and local_slot()."""
+    script = tmp_path / "place.py"
+    script.write_text("import os\nimport torch.distributed as dist\n"
+                      "from labutils.dist import init, local_slot, report\ninit()\n"
+                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}), slot=local_slot())\n"
+                      "dist.barrier()\ndist.destroy_process_group()\n")
+    return script
+
+
 def test_each_rank_of_a_run_of_local_agents_knows_its_place_on_the_machine(tmp_path):
     from labutils import launch
 
-    script = tmp_path / "place.py"
-    script.write_text("import os\nimport torch.distributed as dist\n"
-                      "from labutils.dist import init, report\ninit()\n"
-                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}))\n"
-                      "dist.barrier()\ndist.destroy_process_group()\n")
+    script = _place_script(tmp_path)
     result = launch(script, nproc=1, nnodes="1:2", local_agents=2, display="none",
                     log_dir=tmp_path / "runs", timeout=120)
     assert result.ok, result.headline()
@@ -68,11 +76,7 @@ def test_hosts_of_a_virtual_cluster_share_the_machines_gpus(tmp_path):
     2-host runs picked nccl on both hosts and NCCL refused: "Duplicate GPU detected")."""
     from labutils.cluster import virtual_cluster
 
-    script = tmp_path / "place.py"
-    script.write_text("import os\nimport torch.distributed as dist\n"
-                      "from labutils.dist import init, local_slot, report\ninit()\n"
-                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}), slot=local_slot())\n"
-                      "dist.barrier()\ndist.destroy_process_group()\n")
+    script = _place_script(tmp_path)
     with virtual_cluster(2) as cluster:
         result = cluster.launch(script, nproc=2, display="none", log_dir=tmp_path / "runs", timeout=120)
     assert result.ok, result.headline()
@@ -85,11 +89,7 @@ def test_a_launcher_placed_next_to_others_counts_its_agents_within_its_place(tmp
     """Host 1 of 2 with local_agents=2 on each host: agents 2 and 3 of the machine's 4."""
     from labutils import launch
 
-    script = tmp_path / "place.py"
-    script.write_text("import os\nimport torch.distributed as dist\n"
-                      "from labutils.dist import init, report\ninit()\n"
-                      f"report(place=os.environ.get({runfiles.ENV_LOCAL_AGENT!r}))\n"
-                      "dist.barrier()\ndist.destroy_process_group()\n")
+    script = _place_script(tmp_path)
     result = launch(script, nproc=1, nnodes="1:2", local_agents=2, display="none",
                     env={runfiles.ENV_LOCAL_AGENT: "1/2"}, log_dir=tmp_path / "runs", timeout=120)
     assert result.ok, result.headline()
