@@ -106,11 +106,10 @@ class Meter:
 
 def measure(lab: str, kind: str, submission: Path, out: Path) -> dict:
     meter = Meter(f"labutils-resources-{os.getpid()}-{lab}-{kind}")
-    labutils = Path(sys.executable).with_name("labutils")
     try:
         t0 = time.monotonic()
-        proc = subprocess.Popen([str(labutils), "grade", str(REPO / "labs" / lab), str(submission),
-                                 "--out", str(out)], preexec_fn=meter.enter,
+        proc = subprocess.Popen([sys.executable, "-m", "labutils", "grade", str(REPO / "labs" / lab),
+                                 str(submission), "--out", str(out)], preexec_fn=meter.enter,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         peak = anon = 0.0
         while proc.poll() is None:

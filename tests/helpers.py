@@ -60,3 +60,21 @@ def execute_reply(kc, msg_id: str, *, timeout: float) -> dict:
         if reply["parent_header"].get("msg_id") == msg_id:
             return reply
     raise AssertionError(f"no reply within {timeout} s")
+
+
+def autocast_problem():
+    """Lesson 06's autocast cell: its Linear, input and operations (linear, x, ops); each
+    op takes the Linear's output, on whatever device it is."""
+    import torch
+
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16)
+    x, y = torch.randn(16, 16), torch.randint(0, 16, (16,))
+    ops = {"softmax": lambda h: torch.softmax(h, dim=-1), "sum": lambda h: h.sum(),
+           "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
+           "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
+           "cross_entropy": lambda h: F.cross_entropy(h, y.to(h.device)),
+           "mse_loss": lambda h: F.mse_loss(h, torch.zeros_like(h)), "prod": lambda h: h.prod(),
+           "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
+    return linear, x, ops

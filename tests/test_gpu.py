@@ -11,7 +11,6 @@ one rank on each GPU); init() on NCCL and the notebook run on one.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import autocast_problem, this_python_kernel
 
 from labutils import launch
 
@@ -267,8 +267,6 @@ def test_lesson00_notebook_runs_with_the_gpus_visible(runs_dir, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
-    from conftest import this_python_kernel
-
     nb = nbformat.read(LESSONS / "00_first_distributed_run.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(
         "import torch\nprint('gpus seen by the kernel:', torch.cuda.device_count())"))
@@ -294,16 +292,7 @@ def test_lesson06_cuda_autocast_puts_softmax_sum_and_layer_norm_in_float32():
     from labutils.course import lesson
 
     lesson06 = lesson.load(LESSONS / "06_production_patterns", "lesson06")
-    F = torch.nn.functional
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(16, 16)
-    x, y = torch.randn(16, 16), torch.randint(0, 16, (16,))
-    ops = {"softmax": lambda h: torch.softmax(h, dim=-1),
-           "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
-           "sum": lambda h: h.sum(), "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
-           "cross_entropy": lambda h: F.cross_entropy(h, y.to(h.device)),
-           "mse_loss": lambda h: F.mse_loss(h, torch.zeros_like(h)), "prod": lambda h: h.prod(),
-           "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
+    linear, x, ops = autocast_problem()
     cpu = lesson06.autocast_dtypes("cpu", linear, x, ops)
     cuda = lesson06.autocast_dtypes("cuda", linear, x, ops)
     print(lesson06.autocast_comparison(linear, x, ops))  # kept in the log: the whole table

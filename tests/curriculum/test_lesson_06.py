@@ -5,10 +5,8 @@ byte and interface checks, and the other in-process helpers."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers import LESSONS
+from helpers import LESSONS, autocast_problem
 
 from labutils import launch
 from labutils.course import lesson
@@ -49,26 +47,10 @@ def test_clip_before_unscale_shrinks_the_update_by_the_scale(lesson06):
     assert float(rows["clip, then step (unscales inside)"][1]) == pytest.approx(0.25 / 2 ** 16, rel=1e-3)
 
 
-def _autocast_problem():
-    """The lesson's Linear, input and operations (its autocast cell)."""
-    import torch
-
-    F = torch.nn.functional
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(16, 16)
-    x, y = torch.randn(16, 16), torch.randint(0, 16, (16,))
-    ops = {"softmax": lambda h: torch.softmax(h, dim=-1), "sum": lambda h: h.sum(),
-           "log_softmax": lambda h: torch.log_softmax(h, dim=-1),
-           "layer_norm": lambda h: F.layer_norm(h, h.shape[-1:]),
-           "cross_entropy": lambda h: F.cross_entropy(h, y.to(h.device)), "prod": lambda h: h.prod(),
-           "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
-    return linear, x, ops
-
-
 def _autocast_outputs():
     import torch
 
-    linear, x, ops = _autocast_problem()
+    linear, x, ops = autocast_problem()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = linear(x)
         outputs = {name: op(hidden) for name, op in ops.items()}
@@ -102,7 +84,7 @@ def test_dtype_table_lists_input_and_output_per_op(lesson06):
 
 def test_autocast_dtypes_per_device_and_an_op_that_fails(lesson06):
     """The helper behind the CPU-against-CUDA table (its CUDA half: tests/test_gpu.py)."""
-    linear, x, ops = _autocast_problem()
+    linear, x, ops = autocast_problem()
 
     def refuses(h):
         raise RuntimeError("\"my_op\" not implemented for 'BFloat16'\nsecond line")
