@@ -37,17 +37,20 @@ import select
 import socket
 import sys
 import traceback
+import warnings
 
 from labutils.runtime import agent
 
-# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker.
-# Not torch._dynamo, although DDP's constructor imports it (about 1.3 s of CPU per rank):
-# with it preloaded, half of the 4-rank gloo DDP runs of lab 08 on a loaded machine
-# deadlocked at exit (py-spy: the main thread, holding the GIL, joins gloo's worker
-# threads in ~ProcessGroupGloo as the Reducer is freed; a worker thread, destroying its
-# last all-reduce work, waits for the GIL to free a Python object of that work's
-# ThreadLocalState). Without it, none did in the same test (2026-11-26).
-PRELOAD = ("torch", "torch.distributed.run", "labutils.runtime.worker")
+# What a warm rank would otherwise import itself: torch, torchrun's agent, the worker,
+# and torch._dynamo, which DDP's constructor imports (about 1.1 s of CPU per rank, 0.01 s
+# once preloaded). With torch._dynamo preloaded, 5 of 12 warm 4-rank runs of lab 08 on a
+# loaded machine once hung at exit, until the worker kept the script's objects alive to
+# the end (worker.run_script says why); 36 of 36 then ended (2026-11-26).
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "labutils.runtime.worker")
+# Preloaded for a step a rank takes later (DDP's constructor): what importing it does to
+# the warning filters (sympy adds one) is undone, so a warm rank's script starts with
+# the filters a cold one has.
+AHEAD = ("torch._dynamo",)
 PARENT_CHECK_S = 0.1
 
 
@@ -150,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     starter = os.getppid()
     conn = socket.socket(fileno=int(argv[0]))
     for name in PRELOAD:
-        importlib.import_module(name)
+        if name in AHEAD:
+            with warnings.catch_warnings():
+                importlib.import_module(name)
+        else:
+            importlib.import_module(name)
     # Importing torch loads OpenBLAS, whose idle thread server OpenBLAS itself stops
     # before a fork (pthread_atfork) and starts again only for BLAS work, which this
     # process never does: one fork now leaves the server single-threaded for good.
