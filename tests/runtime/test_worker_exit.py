@@ -34,6 +34,28 @@ def test_exit_keeps_threads_atexit_handlers_unclosed_files_and_exit_codes(runs_d
         assert result.ranks[0].stderr == ""
 
 
+def test_the_scripts_objects_live_until_the_rank_ends(runs_dir, write_script):
+    """Freed as the script returns, a DDP model can free gloo's process group in the
+    main thread holding the GIL while a gloo thread waits for it, and the rank never
+    exits (worker.run_as_main): the objects of a script, one that raised too, and of a
+    script run under the grader's probe, stay until the process ends."""
+    from labutils.grading.probe import launch_measured
+
+    script = write_script("objects.py", """
+        import argparse, sys, weakref
+        kept = argparse.Namespace()   # no function of the script refers to it: no cycle
+        weakref.finalize(kept, print, "freed", flush=True).atexit = False
+        print("script over", flush=True)
+        if sys.argv[1] == "raise":
+            raise ValueError("ended by an exception")
+    """)
+    for how in ("return", "raise"):
+        result = launch(script, 1, args=[how], display="none")
+        assert "script over" in result.ranks[0].stdout and "freed" not in result.ranks[0].stdout, how
+    probed = launch_measured(str(script), 1, measure=["steps"], args=["return"], display="none")
+    assert "script over" in probed.ranks[0].stdout and "freed" not in probed.ranks[0].stdout
+
+
 def test_a_handler_the_script_left_cannot_raise_into_the_report(tmp_path):
     """torch's DataLoader raises from SIGCHLD when a worker died, often after its own
     check already raised: once the script is over its handlers are off, and the

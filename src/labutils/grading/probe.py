@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import runpy
 import secrets
 import sys
 from collections.abc import Callable
+
+from labutils.runtime.worker import run_as_main
 
 MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files")
 SECRET_ENV = "LABUTILS_PROBE_SECRET"   # the run's secret, read and removed by the probe
@@ -321,7 +322,7 @@ def run_script(script: str, script_args: list[str]) -> None:
     ends well (sys.exit(0) included), raise as it did otherwise."""
     sys.argv = [script, *script_args]
     try:
-        runpy.run_path(script, run_name="__main__")
+        run_as_main(script)   # its objects kept to the end, as the worker keeps a script's
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise

@@ -253,28 +253,37 @@ def run_script(script: str) -> BaseException | None:
     runs, and an exception they raise meanwhile counts only when the script raised
     none itself; one they raise while the script's own exception unwinds, outside the
     script's frames, gives way to that exception (its __context__).
-
-    The script's objects are kept until the process ends, as `python script.py` keeps
-    its globals until the interpreter's teardown (which this bootstrap skips: finish()).
-    Dropped here instead, a DDP model would free its Reducer, and with it gloo's process
-    group after dist.destroy_process_group(), in the main thread holding the GIL: gloo's
-    destructor joins its worker threads while one of them, freeing the last all-reduce
-    of the backward pass, waits for the GIL to free the Python object that work's
-    thread-local state holds (the autograd context), and the rank never exits (5 of 12
-    warm 4-rank runs of lab 08's solution on a loaded machine, 2026-11-26).
     """
     raised: BaseException | None = None
     try:
-        _keep_alive.append(runpy.run_path(script, run_name="__main__"))
+        run_as_main(script)
     except BaseException as exc:  # noqa: BLE001 - every way the script can end
         raised = scripts_own_exception(exc, script)
-        _keep_alive.append(exc)  # its traceback holds the script's globals
     while True:
         try:
             _script_handlers_off()
             return raised
         except BaseException as late:  # noqa: BLE001 - a handler that fired meanwhile
             raised = raised or late
+
+
+def run_as_main(script: str) -> None:
+    """Run the script as __main__ (runpy) and keep its objects until the process ends,
+    as `python script.py` keeps its globals until the interpreter's teardown (which a
+    rank skips: finish()); an exception it raises, whose traceback holds them, too.
+
+    Dropped when the script returns, a DDP model would free its Reducer, and with it
+    gloo's process group after dist.destroy_process_group(), in the main thread holding
+    the GIL: gloo's destructor joins its worker threads while one of them, freeing the
+    last all-reduce of the backward pass, waits for the GIL to free the Python object
+    that work's thread-local state holds (the autograd context), and the rank never
+    exits (5 of 12 warm 4-rank runs of lab 08's solution on a loaded machine, 2026-11-26).
+    """
+    try:
+        _keep_alive.append(runpy.run_path(script, run_name="__main__"))
+    except BaseException as exc:
+        _keep_alive.append(exc)
+        raise
 
 
 def scripts_own_exception(exc: BaseException, script: str) -> BaseException:
