@@ -67,6 +67,25 @@ print(f"hello from rank {rank} of {world}; all_reduce gave {int(total.item())}",
 dist.destroy_process_group()
 """
 
+# What most of the course's runs are: DDP, whose constructor imports torch._dynamo (the
+# warm server has it preloaded).
+DDP_STEPS = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(16, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    loss = model(torch.randn(8, 16)).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print(f"rank {dist.get_rank()}: 5 DDP steps, loss {loss.item():.3f}", flush=True)
+dist.destroy_process_group()
+"""
+
 FLOOD = """\
 import os
 import sys
@@ -203,9 +222,11 @@ def checked_launch(script: Path, side: str, **kwargs):
     return result
 
 
-def bench_hello(work: Path, runs: Path, repeats: int, log) -> dict:
-    script = work / "hello.py"
-    script.write_text(HELLO)
+def bench_hello(work: Path, runs: Path, repeats: int, log, *, name: str = "hello",
+                source: str = HELLO) -> dict:
+    """A script that prints one line per rank, each side `repeats` times, interleaved."""
+    script = work / f"{name}.py"
+    script.write_text(source)
     cmd = bare_torchrun(script, HELLO_RANKS)
 
     def one(side: str) -> dict:
@@ -216,22 +237,22 @@ def bench_hello(work: Path, runs: Path, repeats: int, log) -> dict:
         result = checked_launch(script, side, nproc=HELLO_RANKS, display=display, log_dir=runs)
         total = time.monotonic() - t0
         if not result.ok:
-            raise BenchError(f"launch() of the hello failed:\n{result.summary()}")
+            raise BenchError(f"launch() of the {name} failed:\n{result.summary()}")
         lines = sum(r.stdout_lines for r in result.ranks)
         return {"total_s": total, "first_line_s": display.first_line - t0, "lines": lines}
 
-    log("hello: one untimed warm-up run of each side (file cache, __pycache__, the warm server)")
+    log(f"{name}: one untimed warm-up run of each side (file cache, __pycache__, the warm server)")
     for side in SIDES:
         one(side)
     samples = {side: [] for side in SIDES}
     for i in range(repeats):
         for side in SIDES:
             samples[side].append(one(side))
-        log(f"hello {i + 1}/{repeats}: " + ", ".join(
+        log(f"{name} {i + 1}/{repeats}: " + ", ".join(
             f"{side} {samples[side][-1]['total_s']:.2f} s" for side in SIDES))
     for side, runs_ in samples.items():
         if any(r["lines"] != HELLO_RANKS for r in runs_):
-            raise BenchError(f"{side}: expected {HELLO_RANKS} hello lines per run, got "
+            raise BenchError(f"{side}: expected {HELLO_RANKS} {name} lines per run, got "
                              f"{[r['lines'] for r in runs_]}")
     out = {key: compare({side: [r[key] for r in samples[side]] for side in SIDES})
            for key in ("total_s", "first_line_s")}
@@ -423,6 +444,8 @@ def report(res: dict) -> str:
           f"warm <= {TARGET_WARM_RATIO:.2f}x {verdict(h['pass'])}; "
           f"cold <= {TARGET_HELLO_RATIO:.2f}x {verdict(h['pass_cold'])}")
     sides("start to first rank line", h["first_line_s"])
+    if "ddp" in res:
+        sides(f"{HELLO_RANKS}-rank DDP, 5 steps", res["ddp"]["total_s"])
     sides(f"flood {f['lines']:,} lines", f)
     lps = f["lines_per_s"]
     row("  lines/s", f"{lps['warm']:,.0f}", f"{lps['cold']:,.0f}", f"{lps['bare']:,.0f}")
@@ -489,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         work, runs = Path(tmp), Path(tmp) / "runs"
         try:
             res["hello"] = bench_hello(work, runs, args.repeats, log)
+            res["ddp"] = bench_hello(work, runs, args.repeats, log, name="ddp", source=DDP_STEPS)
             res["flood"] = bench_flood(work, runs, args.repeats, args.lines, log)
             res["hang"] = bench_hang(work, runs, args.repeats, log)
             if args.e2e_repeats:
