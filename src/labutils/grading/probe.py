@@ -322,7 +322,7 @@ def run_script(script: str, script_args: list[str]) -> None:
     ends well (sys.exit(0) included), raise as it did otherwise."""
     sys.argv = [script, *script_args]
     try:
-        run_as_main(script)   # its objects kept to the end, as the worker keeps a script's
+        run_as_main(script)   # the script's objects kept to the end: worker.run_as_main says why
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise

@@ -45,7 +45,7 @@ from labutils.runtime import agent
 # and torch._dynamo, which DDP's constructor imports (about 1.1 s of CPU per rank, 0.01 s
 # once preloaded). With torch._dynamo preloaded, 5 of 12 warm 4-rank runs of lab 08 on a
 # loaded machine once hung at exit, until the worker kept the script's objects alive to
-# the end (worker.run_script says why); 36 of 36 then ended (2026-11-26).
+# the end (worker.run_as_main says why); 36 of 36 then ended (2026-11-26).
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "labutils.runtime.worker")
 # Preloaded for a step a rank takes later (DDP's constructor): what importing it does to
 # the warning filters (sympy adds one) is undone, so a warm rank's script starts with

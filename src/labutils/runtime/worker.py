@@ -52,7 +52,7 @@ _CPU_PROGRESS_SHARE = 0.05
 
 _IO_BASE = io.IOBase.__mro__[1]  # _io._IOBase: the C class every file object derives from
 # What must outlive main(): the files faulthandler writes to, and the script's objects
-# (run_script keeps them).
+# (run_as_main keeps them).
 _keep_alive: list = []
 
 
