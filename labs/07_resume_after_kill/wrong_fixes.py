@@ -26,8 +26,9 @@ WRONG_FIXES = [
         "resumes at the checkpoint's step, training that step twice",
         why="the checkpoint is written after its step: resuming at it repeats one step",
         edits={"train.py": [('start = checkpoint["step"] + 1', 'start = checkpoint["step"]')]}),
-    WrongFix(
-        "every rank writes the checkpoint to the same file",
-        why="two writers race on one path; the kill can land while either writes",
-        edits={"train.py": [("    if rank == 0:\n        # write", "    if True:\n        # write")]}),
 ]
+# Not here: every rank writing the checkpoint through the same temporary file. Lab 07's
+# checks measure the resume; they caught those racing writers only when the race struck
+# (the edit scored 0.8 in one CI run of 2026-11-26, below 0.6 in the others). Lab 10's
+# checks, which read every rank's writes with the files probe, catch it every time: it
+# is catalogued there.
