@@ -171,6 +171,32 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)   # stable: within a file, and among the rest, the order stays
 
 
+_LOAD: dict[str, float] = {}
+
+
+def pytest_sessionstart(session):
+    """Note the machine's busy CPU seconds and this session's, for the summary below."""
+    from helpers import machine_busy_s, tree_cpu_s
+
+    _LOAD.update(wall=time.monotonic(), machine=machine_busy_s(), ours=tree_cpu_s(os.getpid()))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The serial pass and the notebooks measure and need a quiet machine: say how much
+    CPU other processes took while this session ran (a busy neighbour, or a process
+    an earlier pass left behind), so a failed timing can be read against it."""
+    from helpers import machine_busy_s, tree_cpu_s
+
+    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None) or not _LOAD:
+        return
+    wall = time.monotonic() - _LOAD["wall"]
+    ours = tree_cpu_s(os.getpid()) - _LOAD["ours"]
+    others = max(machine_busy_s() - _LOAD["machine"] - ours, 0.0)
+    terminalreporter.write_line(
+        f"CPU while this session ran: {wall:.0f} s; this session's processes {ours:.0f} CPU-s, "
+        f"other processes {others:.0f} CPU-s ({others / max(wall, 1e-9):.2f} cores on average)")
+
+
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False,
                      help="run the lifetime tests' every ending 20 times (tests/run/test_lifetime.py)")

@@ -9,6 +9,7 @@ tests/curriculum for the lessons' own modules and scripts.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -78,3 +79,33 @@ def autocast_problem():
            "mse_loss": lambda h: F.mse_loss(h, torch.zeros_like(h)), "prod": lambda h: h.prod(),
            "linalg.inv": lambda h: torch.linalg.inv(h), "fft.rfft": lambda h: torch.fft.rfft(h)}
     return linear, x, ops
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and every live process under it, each with its waited-for
+    children: all the work this process tree has done, as far as it reaped it."""
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+
+    def under(pid: int) -> bool:
+        while pid > 1:
+            if pid == root:
+                return True
+            pid = parent.get(pid, 0)
+        return False
+    return sum(ticks for pid, ticks in cpu.items() if under(pid)) / os.sysconf("SC_CLK_TCK")

@@ -149,9 +149,10 @@ def lesson01(monkeypatch):
 
 
 @needs_gpus(2)
-def test_lesson01_time_data_parallel_takes_the_real_branch(lesson01):
-    _, dp_mod = lesson01
-    run = dp_mod.time_data_parallel(n_devices=2, per_device_batch=32, steps=3, warmup=1)
+def test_lesson01_data_parallel_takes_the_real_branch(lesson01):
+    model_mod, dp_mod = lesson01
+    way = dp_mod.data_parallel(n_devices=2, per_device_batch=32, config=model_mod.FEW_BIG_OPS)
+    [run] = dp_mod.time_in_turn([way], dp_mod.global_batches(model_mod.FEW_BIG_OPS, 64, 3, warmup=1), warmup=1)
     assert run["kind"] == "nn.DataParallel on 2 GPUs"
     assert run["samples_per_s"] > 0 and run["step_s"] > 0
     peaks = {m["device"]: m["peak allocated"] for m in run["memory"]}

@@ -18,8 +18,8 @@ ThreadDataParallel below re-creates the six steps with CPU threads standing in f
 GPUs (one intra-op thread each), so the mechanism and its costs can be measured
 on any machine: the time of every stage on every "device", and the bytes that
 would cross between device 0 and the others, counted from the real tensors.
-time_data_parallel() picks the real nn.DataParallel when there are at least two
-GPUs, and the re-creation otherwise.
+data_parallel() picks the real nn.DataParallel when there are at least two GPUs,
+and the re-creation otherwise; time_in_turn() times it against one process.
 """
 
 from __future__ import annotations
@@ -156,13 +156,17 @@ class ThreadDataParallel:
     def _count(self, what: str, direction: str, tensors) -> None:
         self.moved[what, direction] += sum(t.numel() * t.element_size() for t in tensors)
 
-    def work_table(self) -> list[dict]:
-        """Seconds per step spent in each stage, per device (what each "GPU" did)."""
+    def work_table(self, seconds: dict[tuple[int, str], float] | None = None,
+                   steps: int | None = None) -> list[dict]:
+        """Seconds per step spent in each stage, per device (what each "GPU" did): over
+        every step so far, or over ``steps`` steps that took ``seconds`` (one step's)."""
+        seconds = self.seconds if seconds is None else seconds
+        steps = self.steps if steps is None else steps
         rows = []
         for d in range(self.n):
             row = {"device": d}
             for stage in STAGES:
-                row[stage] = self.seconds.get((d, stage), 0.0) / max(self.steps, 1)
+                row[stage] = seconds.get((d, stage), 0.0) / max(steps, 1)
             row["busy"] = sum(row[s] for s in STAGES)
             rows.append(row)
         return rows
@@ -261,23 +265,43 @@ def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs
     return rows
 
 
-def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, warmup: int = 2,
-                       config: dict = FEW_BIG_OPS) -> dict:
-    """Train a model (``config`` from model.py) with DataParallel; samples per second.
+class Way:
+    """One way of training a step, ready to time: ``step(x, y)`` on a global batch;
+    ``result(step_s, fastest)``, what the way reports once timed: ``step_s``, the
+    seconds of its fastest step, the ``fastest``-th after the warm-up; ``reset()``,
+    called after the warm-up steps (for what the way counts per step)."""
 
-    Real nn.DataParallel on GPUs 0..n_devices-1 when there are enough GPUs; the
-    thread re-creation on CPU otherwise, with one intra-op thread per replica so
-    that each thread uses one core, like a DDP rank with OMP_NUM_THREADS=1.
+    def __init__(self, step: Callable, result: Callable[[float, int], dict],
+                 reset: Callable[[], None] = lambda: None) -> None:
+        self.step, self.result, self.reset = step, result, reset
 
-    Returns:
-        {"kind", "samples_per_s", "step_s", "work" (per-device stage seconds, CPU
-        only), "traffic" (bytes per step to and from device 0, CPU only), "memory"
-        (bytes per device: peak on GPUs, counted from tensor sizes on CPU)}.
+
+def one_process(*, global_batch: int, config: dict) -> Way:
+    """The baseline: one process, one device, the whole batch."""
+    model = make_model(**config)
+    optimizer = make_optimizer(model)
+
+    def step(x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return Way(step, lambda step_s, _: {"kind": "one process, 1 thread", "step_s": step_s,
+                                        "samples_per_s": global_batch / step_s})
+
+
+def data_parallel(*, n_devices: int, per_device_batch: int, config: dict) -> Way:
+    """DataParallel on ``n_devices``: the real nn.DataParallel on GPUs 0..n_devices-1
+    when there are enough GPUs, the thread re-creation on CPU otherwise.
+
+    Its result: {"kind", "samples_per_s", "step_s", "work" (per-device stage seconds,
+    CPU only), "traffic" (bytes per step to and from device 0, CPU only), "memory"
+    (bytes per device: peak on GPUs, counted from tensor sizes on CPU)}.
     """
     global_batch = n_devices * per_device_batch
     model = make_model(**config)
     loss_fn = nn.functional.cross_entropy
-    batches = [make_batch(s, global_batch, **config) for s in range(warmup + steps)]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= n_devices:
         model = model.to("cuda:0")  # DataParallel needs the module on device_ids[0]
@@ -293,66 +317,63 @@ def time_data_parallel(*, n_devices: int, per_device_batch: int, steps: int, war
             optimizer.step()
             torch.cuda.synchronize()
 
-        for x, y in batches[:warmup]:
-            step(x, y)
-        t0 = time.perf_counter()
-        for x, y in batches[warmup:]:
-            step(x, y)
-        elapsed = time.perf_counter() - t0
-        memory = [{"device": d, "peak allocated": torch.cuda.max_memory_allocated(d)} for d in range(n_devices)]
-        return {"kind": f"nn.DataParallel on {n_devices} GPUs", "step_s": elapsed / steps,
-                "samples_per_s": global_batch * steps / elapsed, "work": None, "traffic": None,
-                "memory": memory}
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)  # one core per "device"
-    try:
-        dp = ThreadDataParallel(model, n_devices)
-        optimizer = make_optimizer(model)
-        for x, y in batches[:warmup]:
-            dp.train_step(x, y, loss_fn, optimizer)
-        dp.seconds.clear()
-        dp.moved.clear()
-        dp.steps = 0
-        step_s = median_step_seconds(lambda x, y: dp.train_step(x, y, loss_fn, optimizer),
-                                     batches[warmup:])
-    finally:
-        torch.set_num_threads(threads_before)
-    return {"kind": f"DataParallel, {n_devices} threads", "step_s": step_s,
-            "samples_per_s": global_batch / step_s, "work": dp.work_table(),
-            "traffic": dp.traffic(),
-            "memory": memory_table(model, n_devices=n_devices, global_batch=global_batch, **config)}
+        def result(step_s: float, _: int) -> dict:
+            memory = [{"device": d, "peak allocated": torch.cuda.max_memory_allocated(d)}
+                      for d in range(n_devices)]
+            return {"kind": f"nn.DataParallel on {n_devices} GPUs", "step_s": step_s,
+                    "samples_per_s": global_batch / step_s, "work": None, "traffic": None, "memory": memory}
+        return Way(step, result)
 
-
-def fastest_of_rounds(rounds: int, *timers: Callable[[], dict]) -> list[dict]:
-    """Call the timers in turn, ``rounds`` times over; per timer, its run with the
-    smallest "step_s". The machine's speed drifts (other work, a busy neighbour on a
-    shared host); taking turns gives every timer the same chances at a quiet moment."""
-    runs: list[list[dict]] = [[] for _ in timers]
-    for _ in range(rounds):
-        for timer, done in zip(timers, runs):
-            done.append(timer())
-    return [min(done, key=lambda run: run["step_s"]) for done in runs]
-
-
-def time_single_process(*, global_batch: int, steps: int, warmup: int = 2, threads: int = 1,
-                        config: dict = FEW_BIG_OPS) -> dict:
-    """The baseline: one process, one device, the whole batch, ``threads`` intra-op threads."""
-    model = make_model(**config)
+    threads = ThreadDataParallel(model, n_devices)
     optimizer = make_optimizer(model)
-    batches = [make_batch(s, global_batch, **config) for s in range(warmup + steps)]
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        def step(x, y):
-            loss = nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+    stages: list[dict] = []  # per step since the warm-up: seconds per (device, stage)
 
-        for x, y in batches[:warmup]:
-            step(x, y)
-        step_s = median_step_seconds(step, batches[warmup:])
+    def step(x, y):
+        before = dict(threads.seconds)
+        threads.train_step(x, y, loss_fn, optimizer)
+        stages.append({key: took - before.get(key, 0.0) for key, took in threads.seconds.items()})
+
+    def result(step_s: float, fastest: int) -> dict:
+        return {"kind": f"DataParallel, {n_devices} threads", "step_s": step_s,
+                "samples_per_s": global_batch / step_s, "work": threads.work_table(stages[fastest], 1),
+                "traffic": threads.traffic(),
+                "memory": memory_table(model, n_devices=n_devices, global_batch=global_batch, **config)}
+
+    def reset() -> None:
+        stages.clear()
+        threads.moved.clear()
+        threads.steps = 0
+    return Way(step, result, reset)
+
+
+def time_in_turn(ways: list[Way], batches: list, *, warmup: int = 2) -> list[dict]:
+    """Train each way on the same batches, one step of each in turn, with one intra-op
+    thread (one core per device, like a DDP rank with OMP_NUM_THREADS=1); each way's
+    result with its fastest step.
+
+    On a shared host the machine's speed changes from one fraction of a second to the
+    next (a 2-core virtual machine measured twice as slow, then not, within a second).
+    Steps taken in turn see the same machine, and the fastest step of each way is the
+    one least disturbed by the rest of the host; timing one way after the other would
+    compare two different machines. DataParallel's stage times are those of its
+    fastest step."""
+    times: list[list[float]] = [[] for _ in ways]
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i, (x, y) in enumerate(batches):
+            for way, took in zip(ways, times):
+                if i == warmup:
+                    way.reset()
+                t0 = time.perf_counter()
+                way.step(x, y)
+                if i >= warmup:
+                    took.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads_before)
-    return {"kind": f"one process, {threads} thread{'s' if threads > 1 else ''}", "step_s": step_s,
-            "samples_per_s": global_batch / step_s}
+    return [way.result(min(took), took.index(min(took))) for way, took in zip(ways, times)]
+
+
+def global_batches(config: dict, global_batch: int, steps: int, *, warmup: int = 2) -> list:
+    """The (x, y) of ``warmup + steps`` global batches of ``config``'s model."""
+    return [make_batch(s, global_batch, **config) for s in range(warmup + steps)]

@@ -23,8 +23,8 @@ the notebook shows arrives through report(). The parts:
       core while they all ran;
    b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
       with and without gradient synchronisation, and the same global batch in one
-      process (rank 0, the others waiting) as the baseline timed at the same moment;
-      3 rounds, the fastest of each;
+      process (rank 0, the others waiting) as the baseline: one step of each in
+      turn, 3 x --timing-steps steps, the fastest step of each;
    c. with --link-steps steps: bytes through this host's network link (on the
       notebook's virtual cluster: labutils.dist.link_bytes()) while
       DDP(model) is built, and per training step of FEW_BIG_OPS with --batch
@@ -48,7 +48,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from data_parallel import time_single_process  # noqa: E402
+from data_parallel import global_batches, one_process  # noqa: E402
 from model import (  # noqa: E402
     FEW_BIG_OPS, MANY_SMALL_OPS, PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer,
     param_bytes, shard,
@@ -154,9 +154,20 @@ def median_step(step_fn, batches) -> float:
     return statistics.median(times)
 
 
-def seconds_per_step(step_fn, batches) -> float:
-    """median_step() on every rank at once; the slowest rank's."""
-    return seconds_and_on_core(step_fn, batches)[0]
+def timed(step_fn, x, y) -> float:
+    """Seconds of one step (on a GPU, to the end of its kernels)."""
+    t0 = time.perf_counter()
+    step_fn(x, y)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def slowest_rank(seconds: float) -> float:
+    """The largest of every rank's ``seconds``: a step ends when its slowest rank does."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def seconds_and_on_core(step_fn, batches) -> tuple[float, float]:
@@ -221,19 +232,28 @@ if args.timing_steps > 0:
         with small.no_sync():
             small_step(x, y)
 
-    batches = my_batches(MANY_SMALL_OPS, args.small_batch, args.timing_steps)
+    # The three in turn, one step each: the host's speed changes from one fraction of
+    # a second to the next, and steps taken in turn see the same machine. Each keeps
+    # its fastest step (on the slowest rank), the one least disturbed by other work.
+    # 3 x --timing-steps steps, as many as the three rounds of part a.
+    whole = global_batches(MANY_SMALL_OPS, args.small_batch * world_size, 3 * args.timing_steps)
+    alone = one_process(global_batch=args.small_batch * world_size, config=MANY_SMALL_OPS)
     single, steps, compute = [], [], []
-    for _ in range(3):  # 3 rounds, the fastest of each: one process, DDP, DDP without sync
+    for x, y in whole:
         dist.barrier()
-        if rank == 0:  # the baseline at the same moment: one process, the whole batch
-            single.append(time_single_process(global_batch=args.small_batch * world_size,
-                                              steps=args.timing_steps, config=MANY_SMALL_OPS)["step_s"])
-        steps.append(seconds_per_step(small_step, batches))
-        compute.append(seconds_per_step(small_step_no_sync, batches))
+        if rank == 0:                                     # the others wait at the barrier
+            single.append(timed(alone.step, x, y))
+        dist.barrier()
+        mine = shard(x, rank, world_size).to(device), shard(y, rank, world_size).to(device)
+        steps.append(timed(small_step, *mine))
+        dist.barrier()
+        compute.append(timed(small_step_no_sync, *mine))
+    steps, compute = slowest_rank(min(steps[2:])), slowest_rank(min(compute[2:]))
+    single = min(single[2:]) if rank == 0 else None
     if rank == 0:
         report(part="ddp step", model="MANY_SMALL_OPS", per_rank_batch=args.small_batch,
-               step_s=min(steps), compute_only_step_s=min(compute), one_process_step_s=min(single),
-               samples_per_s=args.small_batch * world_size / min(steps),
+               step_s=steps, compute_only_step_s=compute, one_process_step_s=single,
+               samples_per_s=args.small_batch * world_size / steps,
                kind=f"DDP, {world_size} processes ({dist.get_backend()}, {device.type})")
 
 # c. bytes through this host's link: building DDP, then per training step

@@ -255,10 +255,13 @@ def sweep_check(records: Iterable[dict], *, model: str, slack: float = 0.1) -> s
     ratio. The gap between the bounds (the all-reduces' time) is several times larger."""
     several = [r for r in sweep_bounds(records) if r["model"] == model and r["buckets"] >= 2]
     caps = ", ".join(cap_mib(r["cap_mb"]) for r in several)
-    ok = bool(several) and all(r["perfect_s"] * (1 - slack) <= r["measured_s"] <= r["none_s"] * (1 + slack)
-                               for r in several)
+    outside = [f"cap {cap_mib(r['cap_mb'])} MiB: step {r['measured_s'] * 1e3:.0f} ms, predictions "
+               f"{r['perfect_s'] * 1e3:.0f}-{r['none_s'] * 1e3:.0f} ms"
+               for r in several
+               if not r["perfect_s"] * (1 - slack) <= r["measured_s"] <= r["none_s"] * (1 + slack)]
+    ok = bool(several) and not outside
     return (f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions "
-            f"(each widened by {slack:.0%}): {ok}")
+            f"(each widened by {slack:.0%}): {ok}" + (f" ({'; '.join(outside)})" if outside else ""))
 
 
 # ------------------------------------------------------------------ 5-6. accumulation, options

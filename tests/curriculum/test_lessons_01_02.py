@@ -91,6 +91,41 @@ def test_thread_slowdown_reports_alone_and_together(lesson_modules):
     assert torch.get_num_threads() > 0  # restored
 
 
+def test_time_in_turn_alternates_steps_and_keeps_each_ways_fastest(lesson_modules):
+    """One step of each way in turn (a slow moment of the machine falls on both), the
+    fastest timed step of each, the warm-up left out of DataParallel's stage times."""
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    order, pauses = [], iter([0.0, 0.0, 0.03, 0.0, 0.01, 0.05])
+
+    def slowed(way, name):
+        inner = way.step
+
+        def step(x, y):
+            order.append(name)
+            if name == "one":
+                import time
+                time.sleep(next(pauses))
+            inner(x, y)
+        reset = way.reset
+        way.step = step
+        way.reset = lambda: (order.append(f"reset {name}"), reset())
+        return way
+
+    threads_before = torch.get_num_threads()
+    one = slowed(dp_mod.one_process(global_batch=8, config=model_mod.PROOF), "one")
+    dp = slowed(dp_mod.data_parallel(n_devices=2, per_device_batch=4, config=model_mod.PROOF), "dp")
+    single, parallel = dp_mod.time_in_turn([one, dp], dp_mod.global_batches(model_mod.PROOF, 8, 4), warmup=2)
+    # the stage times and bytes start over once the 2 warm-up steps are done
+    assert order == ["one", "dp"] * 2 + ["reset one", "one", "reset dp", "dp"] + ["one", "dp"] * 3
+    # pauses 0.03, 0.0, 0.01, 0.05 on the timed steps: the fastest is the one without
+    assert single["step_s"] < 0.01 and single["kind"] == "one process, 1 thread"
+    assert parallel["kind"] == "DataParallel, 2 threads"
+    assert parallel["samples_per_s"] == pytest.approx(8 / parallel["step_s"])
+    # the stages of the fastest step: device 0 was busy for no longer than that step
+    assert 0 < parallel["work"][0]["busy"] <= parallel["step_s"]
+    assert torch.get_num_threads() == threads_before
+
+
 def test_device0_traffic_with_copies_grows_and_with_nccl_does_not(lesson_modules):
     lesson01, model_mod = lesson_modules(LESSON01, "lesson01", "model")
     by_n = lesson01.traffic_by_devices(model_mod.PROOF, per_device_batch=4, devices=(2, 4))
@@ -371,3 +406,15 @@ def test_gil_check_compares_the_time_off_a_core(lesson_modules, threads_on_core,
     records = [{"part": "processes at once", "rank": 0, "model": "MANY_SMALL_OPS", "alone_s": 0.005,
                 "together_s": 0.007, "on_core": processes_on_core}]
     assert lesson01.gil_check(threads, records).endswith(f": {verdict}")
+
+
+@pytest.mark.parametrize(("ddp_s", "said"), [
+    (0.012, "True"),                                         # 0.67x against 0.40x
+    (0.025, "False (DDP 0.32x, DataParallel 0.40x)"),          # the numbers when it fails
+])
+def test_ddp_beats_dp_compares_each_with_its_own_baseline(lesson_modules, ddp_s, said):
+    (lesson01,) = lesson_modules(LESSON01, "lesson01")
+    single, dp = {"step_s": 0.008}, {"step_s": 0.020}
+    ddp_step = {"step_s": ddp_s, "one_process_step_s": 0.008}
+    assert lesson01.ddp_beats_dp(single, dp, ddp_step) == (
+        f"DDP faster than DataParallel's threads on MANY_SMALL_OPS, each against one process: {said}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import resource
 import shutil
 import time
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, machine_busy_s
 
 from labutils.grading import report
 from labutils.grading.batch import grade, load_lab
@@ -174,11 +173,11 @@ def test_eight_submissions_two_at_a_time_in_under_three_minutes(tmp_path):
     (subs["fake_checks"] / "checks.py").write_text(
         "from labutils.grading import check\n\n@check('all good', points=100)\n"
         "def good(c):\n    c.expect(True, 'everything')\n")
-    t0, ours0, machine0 = time.monotonic(), _our_cpu_s(), _machine_busy_s()
+    t0, ours0, machine0 = time.monotonic(), _our_cpu_s(), machine_busy_s()
     results = grade(REPO / "labs" / lab, list(subs.values()), out_dir=tmp_path / "out", jobs=2,
                     progress=None)
     elapsed, ours, machine = (time.monotonic() - t0, _our_cpu_s() - ours0,
-                              _machine_busy_s() - machine0)
+                              machine_busy_s() - machine0)
     by = dict(zip(subs, results))
     _assert_solution(by["solution"])
     _assert_starter(lab, by["starter"])
@@ -223,8 +222,3 @@ def _our_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (every core), from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
