@@ -171,30 +171,35 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)   # stable: within a file, and among the rest, the order stays
 
 
-_LOAD: dict[str, float] = {}
+_LOAD: dict = {}
+
+
+def _measuring_pass(config) -> bool:
+    """The serial pass and plain runs: no xdist here (not a worker, no -n)."""
+    return not hasattr(config, "workerinput") and not getattr(config.option, "numprocesses", None)
 
 
 def pytest_sessionstart(session):
-    """Note the machine's busy CPU seconds and this session's, for the summary below."""
-    from helpers import machine_busy_s, tree_cpu_s
+    """Start noting what other processes take while this session runs (summary below)."""
+    from helpers import OtherLoad
 
-    _LOAD.update(wall=time.monotonic(), machine=machine_busy_s(), ours=tree_cpu_s(os.getpid()))
+    if _measuring_pass(session.config):
+        _LOAD.update(wall=time.monotonic(), others=OtherLoad(os.getpid()))
 
 
 def pytest_terminal_summary(terminalreporter, config):
     """The serial pass and the notebooks measure and need a quiet machine: say how much
     CPU other processes took while this session ran (a busy neighbour, or a process
     an earlier pass left behind), so a failed timing can be read against it."""
-    from helpers import machine_busy_s, tree_cpu_s
-
-    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None) or not _LOAD:
+    if not _LOAD:
         return
     wall = time.monotonic() - _LOAD["wall"]
-    ours = tree_cpu_s(os.getpid()) - _LOAD["ours"]
-    others = max(machine_busy_s() - _LOAD["machine"] - ours, 0.0)
+    others = _LOAD["others"].finish()
+    total = sum(seconds for _, seconds in others)
+    top = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in others[:3] if seconds >= 0.5)
     terminalreporter.write_line(
-        f"CPU while this session ran: {wall:.0f} s; this session's processes {ours:.0f} CPU-s, "
-        f"other processes {others:.0f} CPU-s ({others / max(wall, 1e-9):.2f} cores on average)")
+        f"other processes while this session ran: {total:.0f} CPU-s in {wall:.0f} s "
+        f"({total / max(wall, 1e-9):.2f} cores on average){'; most: ' + top if top else ''}")
 
 
 def pytest_addoption(parser):

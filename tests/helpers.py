@@ -88,24 +88,63 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and every live process under it, each with its waited-for
-    children: all the work this process tree has done, as far as it reaped it."""
-    parent, cpu = {}, {}
+def process_table() -> dict[tuple[int, int], tuple[int, float, str]]:
+    """Every process now: {(pid, start tick): (parent pid, CPU seconds, name)}."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            text = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        name, fields = text.split("(", 1)[1].rsplit(")", 1)[0], text.rsplit(")", 1)[1].split()
+        out[int(entry), int(fields[19])] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, name)
+    return out
 
-    def under(pid: int) -> bool:
-        while pid > 1:
-            if pid == root:
-                return True
-            pid = parent.get(pid, 0)
-        return False
-    return sum(ticks for pid, ticks in cpu.items() if under(pid)) / os.sysconf("SC_CLK_TCK")
+
+class OtherLoad:
+    """CPU seconds taken by processes that are not ``root`` or under it, sampled every
+    ``every`` seconds by a thread: what else kept the machine busy while ``root`` ran
+    (a neighbour, a process left behind by an earlier pass). A process that starts and
+    ends between two samples is missed."""
+
+    def __init__(self, root: int, every: float = 1.0) -> None:
+        import threading
+
+        self.root, self.every = root, every
+        self.seen: dict[tuple[int, int], float] = {}  # CPU when first seen (0 if started later)
+        self.last: dict[tuple[int, int], tuple[float, str]] = {}
+        self.stop = threading.Event()
+        self.watching = False
+        self.sample()
+        self.watching = True
+        self.thread = threading.Thread(target=self.run, daemon=True, name="other-load")
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        table = process_table()
+        parent = {pid: ppid for (pid, _), (ppid, _, _) in table.items()}
+        for key, (_, cpu, name) in table.items():
+            pid = key[0]
+            while pid > 1 and pid != self.root:
+                pid = parent.get(pid, 0)
+            if pid == self.root:
+                continue
+            self.seen.setdefault(key, cpu if not self.watching else 0.0)
+            self.last[key] = (cpu, name)
+
+    def finish(self) -> list[tuple[str, float]]:
+        """[(name, CPU seconds since watching began)] of the other processes, largest first."""
+        self.stop.set()
+        self.thread.join()
+        self.sample()
+        by_name: dict[str, float] = {}
+        for key, (cpu, name) in self.last.items():
+            by_name[name] = by_name.get(name, 0.0) + cpu - self.seen[key]
+        return sorted(((n, s) for n, s in by_name.items() if s > 0), key=lambda item: -item[1])

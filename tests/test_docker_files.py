@@ -11,10 +11,12 @@ that the labutils CLI parses.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -51,8 +53,10 @@ def values(name: str, keyword: str) -> list[str]:
     return [rest for kw, rest in instructions(name) if kw == keyword]
 
 
-def build_args(name: str) -> dict[str, str]:
-    return dict(rest.split("=", 1) for rest in values(name, "ARG"))
+def build_args(name: str) -> dict[str, str | None]:
+    """ARG NAME=default, and None for an ARG with no default (set only when passed)."""
+    return {rest.split("=", 1)[0]: rest.split("=", 1)[1] if "=" in rest else None
+            for rest in values(name, "ARG")}
 
 
 def env_vars(name: str) -> dict[str, str]:
@@ -133,8 +137,8 @@ def test_torch_comes_from_pytorchs_index_for_the_variant(name):
 
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_python_is_the_one_environment_yml_names(name):
-    (base,) = values(name, "FROM")
-    image_python = re.fullmatch(r"python:(\d+\.\d+)-slim-\w+", base).group(1)
+    assert values(name, "FROM") == ["${BASE}"]
+    image_python = re.fullmatch(r"python:(\d+\.\d+)-slim-bookworm", build_args(name)["BASE"]).group(1)
     environment = (REPO / "environment.yml").read_text()
     conda_python = re.search(r"^\s*-\s*python=(\d+\.\d+)\s*$", environment, re.M)
     assert image_python == conda_python.group(1)  # tests/test_packaging.py checks it against pyproject
@@ -158,12 +162,57 @@ def test_course_folder_is_the_one_manifests_use(name):
     assert values(name, "WORKDIR") == [CONTAINER_COURSE_DIR]
 
 
+@pytest.fixture(scope="module")
+def learner_copy(tmp_path_factory):
+    """The images' build context: scripts/learner_copy.py's output."""
+    out = tmp_path_factory.mktemp("context") / "learner"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "learner_copy.py"), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
 @pytest.mark.parametrize("name", DOCKERFILES)
-def test_every_copy_source_exists_in_the_build_context(name):
+def test_every_copy_source_exists_in_the_learner_copy_and_not_all_in_the_repository(name, learner_copy):
     for sources, _ in copies(name):
         for source in sources:
-            assert (REPO / source).exists(), f"{name}: COPY {source}: no such path"
+            assert (learner_copy / source).exists(), f"{name}: COPY {source}: not in the learner copy"
             assert not dockerignored(source), f"{name}: COPY {source}: left out by .dockerignore"
+    # The manifest is copied: a build from the repository (instructor material) fails.
+    assert "learner-copy.json" in {s for sources, _ in copies(name) for s in sources}
+    assert not (REPO / "learner-copy.json").exists()
+
+
+def test_the_learner_copy_holds_no_hidden_check_wrong_fix_solution_or_starter_fails(learner_copy):
+    names = {p.name for p in learner_copy.rglob("*")}
+    assert not names & {"hidden_checks.py", "wrong_fixes.py"}
+    assert not any((learner_copy / d).exists() for d in ("solutions", "tests", "benchmarks"))
+    labs = sorted(learner_copy.glob("labs/*/lab.json"))
+    assert len(labs) == len(list(REPO.glob("labs/*/lab.json"))) == 12
+    for config in labs:
+        public = json.loads(config.read_text())
+        assert "starter_fails" not in public and public["hidden_checks"]["count"] >= 1
+        for edited in public["edit"]:  # the starter, as in the repository: not a solution
+            assert (config.parent / edited).read_bytes() == (REPO / "labs" / config.parent.name / edited).read_bytes()
+    manifest = json.loads((learner_copy / "learner-copy.json").read_text())
+    assert manifest["labs"] == [c.parent.name for c in labs]
+    assert "lessons/index.ipynb" not in manifest["left_out"]
+    assert (learner_copy / "lessons" / "index.ipynb").is_file()
+    assert not list(learner_copy.rglob("runs")) and not list(learner_copy.rglob("__pycache__"))
+
+
+def test_a_learner_copy_with_instructor_material_is_refused(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import learner_copy as module
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    out = tmp_path / "copy"
+    # as if the README were the instructor's: the copy holds it, so the copy is refused
+    monkeypatch.setattr(module, "INSTRUCTOR_FILES", (*module.INSTRUCTOR_FILES, "README.md"))
+    with pytest.raises(SystemExit, match="held instructor material: .*README.md"):
+        module.write(out)
+    assert not out.exists()  # removed, not left half-made
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)

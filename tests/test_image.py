@@ -1,0 +1,56 @@
+"""The learner's CPU image, built for real with podman and tried inside (make test-image).
+
+docker/build-local.sh builds it from the learner copy (scripts/learner_copy.py) on this
+machine: no Docker engine, no registry, a Debian base made with debootstrap. It then runs
+three tries in containers of the image, as its user: no instructor material in the image,
+lesson 00 under nbval, lab 01's solution graded by `labutils grade`. This test runs the
+script and reads what each try printed. It downloads Debian and Python packages and takes
+minutes, so `make test` leaves it out (marker `image`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from helpers import REPO
+
+pytestmark = pytest.mark.image
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("building the image needs root here (podman with runc, debootstrap)")
+    if shutil.which("apt-get") is None and shutil.which("podman") is None:
+        pytest.skip("neither podman nor apt-get to install it: not a Debian machine")
+    work = tmp_path_factory.mktemp("image")
+    env = {**os.environ, "WORK": str(work), "IMAGE": "localhost/dist-course-test:cpu"}
+    done = subprocess.run([str(REPO / "docker" / "build-local.sh")], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    return done
+
+
+def test_the_image_builds_and_every_try_passes(build):
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "[image] localhost/dist-course-test:cpu built and tried" in build.stdout
+
+
+def test_lesson_00_passes_nbval_inside(build):
+    after = build.stdout.split("lesson 00 under nbval, inside", 1)[1]
+    assert re.search(r"\b(\d+) passed\b", after) and " failed" not in after.split("[image]", 2)[1]
+
+
+def test_the_solution_of_lab_01_passes_when_graded_inside(build):
+    after = build.stdout.split("the solution graded inside", 1)[1]
+    row = next(line for line in after.splitlines() if line.startswith(("01_data_sharding", "submission")))
+    assert ",yes,completed," in row
+
+
+def test_no_instructor_material_was_found(build):
+    after = build.stdout.split("no instructor material in the image", 1)[1]
+    assert "found:" not in after.split("[image]", 2)[1]
