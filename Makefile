@@ -1,5 +1,5 @@
 # The two commands of the README, and what they need. Works on a machine with only
-# Python 3.10+: creates .venv, installs the pinned packages, then runs.
+# Python 3.11+: creates .venv, installs the pinned packages, then runs.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -76,3 +76,23 @@ def test_make_test_gpu_uses_the_machines_python_and_says_what_it_lacks(tmp_path)
     assert missing.returncode != 0
     lines = [line for line in missing.stderr.splitlines() if not re.match(r"make(\[\d+\])?:", line)]
     assert len(lines) == 1 and "install a CUDA build of torch" in lines[0], missing.stderr
+
+
+def test_every_locked_package_installs_on_the_oldest_python_requires_python_admits():
+    """requires-python is the promise: `make lab` with Debian bookworm's python3 (3.11.2)
+    must install the lock. Read from the packages installed here (their Requires-Python)."""
+    from importlib.metadata import distributions
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    oldest = Version(requires.removeprefix(">=") + ".0")
+    lock = _pins((REPO / "requirements.lock").read_text().splitlines())
+    refused = []
+    for dist in distributions():
+        name = dist.metadata["Name"].lower().replace("_", "-")
+        needs = dist.metadata.get("Requires-Python")
+        if lock.get(name) == dist.version and needs and oldest not in SpecifierSet(needs):
+            refused.append(f"{name}=={dist.version} needs Python {needs}")
+    assert not refused, f"requires-python {requires}, yet: {refused}"
