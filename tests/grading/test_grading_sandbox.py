@@ -69,6 +69,44 @@ def test_sandbox_without_namespaces_still_limits(tmp_path):
     assert facts["as"] == 1 << 30 and "memory per process <= 1073741824" in enforced["limits"]
 
 
+# The sandbox as a user whose id maps the machine refuses (podman's default seccomp lets
+# uid 1000 in a container create a user namespace, then refuses writing its uid_map).
+REFUSED_MAPS = textwrap.dedent("""
+    import os, sys
+    from labutils.grading import sandbox
+    os.geteuid = lambda: 1000      # not root: the sandbox asks for a user namespace too
+    def refuse():
+        raise PermissionError(1, "uid_map: Operation not permitted")
+    sandbox._map_ids = refuse
+    sys.exit(sandbox.main(sys.argv[1:]))
+""")
+FORK_PIDS = textwrap.dedent("""
+    import json, os
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write_end, str(os.getpid()).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    print(json.dumps({"forked": child, "child_says": int(os.read(read_end, 32))}))
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a user namespace as root to stand for one a container allows")
+def test_namespaces_made_but_id_maps_refused_leave_no_half_sandbox(tmp_path):
+    """The command runs without namespaces, and the pids its children report are the
+    pids its parent sees: a half-made PID namespace once made a run's "rank pid" the
+    grader's own, and the grader killed itself."""
+    spec = {"cwd": str(tmp_path), "isolate": True, "report": str(tmp_path / "enforced.json")}
+    out = subprocess.run([sys.executable, "-c", REFUSED_MAPS, json.dumps(spec), "--",
+                          sys.executable, "-c", FORK_PIDS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    enforced = json.loads((tmp_path / "enforced.json").read_text())
+    assert enforced["namespaces"] == [] and "uid_map" in enforced["namespaces_error"]
+    pids = json.loads(out.stdout)
+    assert pids["child_says"] == pids["forked"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a command as another user")
 def test_root_runs_the_command_as_the_given_user_with_hidden_paths_covered():
     tmp_path = Path(tempfile.mkdtemp(prefix="labutils-sandbox-"))   # pytest's are closed

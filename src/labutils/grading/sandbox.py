@@ -86,15 +86,42 @@ def _map_ids() -> None:
         f.write(f"{gid} {gid} 1")
 
 
-def _unshare(outer_uid: int) -> list[str]:
-    """Enter new mount, network and PID namespaces (with a user namespace when not root)."""
+def _unshare(outer_uid: int, enforced: dict) -> None:
+    """Enter new mount, network and PID namespaces (with a user namespace when not root),
+    noted in enforced["namespaces"] as soon as they exist: a failure after that leaves
+    half a sandbox, which cannot be undone."""
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
     if outer_uid != 0:
         flags |= CLONE_NEWUSER
     _call("unshare", ctypes.c_int(flags))
+    enforced["namespaces"] = ["pid", "net", "mount"] + (["user"] if outer_uid != 0 else [])
     if outer_uid != 0:
         _map_ids()
-    return ["pid", "net", "mount"] + (["user"] if outer_uid != 0 else [])
+
+
+def _why_no_namespaces(outer_uid: int) -> str | None:
+    """Make the namespaces in a throwaway child first: None when they can be made, else
+    why not. unshare cannot be undone, and some containers let an unprivileged user
+    create a user namespace but not write its id maps: a process that got that far
+    would run the command with its children in a PID namespace of their own while
+    /proc still shows the old one, so the pids its runs report would name other
+    processes (a rank's pid 6 being the grader's)."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read_end)
+        try:
+            _unshare(outer_uid, {})
+            _loopback_up()
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001 - any failure is the answer
+            os.write(write_end, str(exc).encode()[:500])
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        why = answer.read().decode(errors="replace")
+    _, raw = os.waitpid(child, 0)
+    return None if os.waitstatus_to_exitcode(raw) == 0 else why or "the namespaces could not be made"
 
 
 def _loopback_up() -> None:
@@ -248,9 +275,12 @@ def main(argv: list[str]) -> int:
     if spec.get("report"):
         spec["_report_fd"] = os.open(spec["report"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     enforced: dict = {"namespaces": [], "readonly": [], "hidden": [], "network": "not isolated"}
-    if spec.get("isolate", True):
+    why_not = _why_no_namespaces(outer_uid) if spec.get("isolate", True) else None
+    if why_not:
+        enforced["namespaces_error"] = why_not  # the command runs without: no half sandbox
+    elif spec.get("isolate", True):
         try:
-            enforced["namespaces"] = _unshare(outer_uid)
+            _unshare(outer_uid, enforced)
             _loopback_up()
             enforced["network"] = "loopback only"
             _readonly(spec.get("readonly", []), enforced)
