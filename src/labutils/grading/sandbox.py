@@ -29,9 +29,11 @@ Each measure is tried on its own and what held is written to ``report``:
   core dumps off, and the number of processes where the kernel enforces it (not for
   root in the initial user namespace).
 
-Where namespaces are refused (a container without CAP_SYS_ADMIN, say) the command
-still runs, with the rlimits, in its own session; the supervisor then relies on its
-own process-tree tracking, and the grader on copies and hashes.
+Where namespaces are refused (a container without CAP_SYS_ADMIN, say), or only some of
+the steps succeed (a container that lets an unprivileged user create a user namespace
+but not write its id maps: tried first in a throwaway child), the command still runs,
+with the rlimits, in its own session and in no new namespace; the supervisor then relies
+on its own process-tree tracking, and the grader on copies and hashes.
 """
 
 from __future__ import annotations
