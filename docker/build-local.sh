@@ -15,7 +15,8 @@
 #    - lesson 00 runs under nbval (`pytest lessons/00_first_distributed_run.ipynb`), as the
 #      image's user (uid 1000), as a learner would;
 #    - lab 01 graded: the instructor's lab folder and the course's solution mounted read
-#      only, graded by `labutils grade` inside, as root; the solution must pass.
+#      only, graded by `labutils grade` inside, as root and as the image's user; the
+#      solution must pass both times.
 # Prints each step's time; exits non-zero at the first failure. Run as root.
 set -eu
 
@@ -110,12 +111,15 @@ step "lesson 00 under nbval, inside"
 run "$IMAGE" python -m pytest -q -p no:cacheprovider lessons/00_first_distributed_run.ipynb
 took
 
-# As root, as Gradescope runs an autograder: the grader then runs the learner's code as an
-# unprivileged user of its own, in namespaces. (Run as the image's user, uid 1000, the
-# grader does not work yet: see docker/README.md.)
-step "lab $LAB: the solution graded inside"
-run --user 0 --volume "$REPO/labs/$LAB:/grading/lab:ro" --volume "$REPO/solutions/$LAB:/grading/submission:ro" \
-    "$IMAGE" sh -c 'labutils grade /grading/lab /grading/submission --out /tmp/grades \
-        && cat /tmp/grades/grades.csv && tail -n 1 /tmp/grades/grades.csv | grep -q ",yes,completed,"'
-took
+# Graded twice: as root, as Gradescope runs an autograder (the grader then runs the
+# learner's code as an unprivileged user of its own, in namespaces), and as the image's
+# user, as a learner grading their own copy (namespaces where the container allows them).
+for who in 0 1000; do
+    step "lab $LAB: the solution graded inside, as uid $who"
+    run --user "$who" --volume "$REPO/labs/$LAB:/grading/lab:ro" \
+        --volume "$REPO/solutions/$LAB:/grading/submission:ro" \
+        "$IMAGE" sh -c 'labutils grade /grading/lab /grading/submission --out /tmp/grades \
+            && cat /tmp/grades/grades.csv && tail -n 1 /tmp/grades/grades.csv | grep -q ",yes,completed,"'
+    took
+done
 echo "[image] $IMAGE built and tried"

@@ -2,10 +2,11 @@
 
 docker/build-local.sh builds it from the learner copy (scripts/learner_copy.py) on this
 machine: no Docker engine, no registry, a Debian base made with debootstrap. It then runs
-three tries in containers of the image, as its user: no instructor material in the image,
-lesson 00 under nbval, lab 01's solution graded by `labutils grade`. This test runs the
-script and reads what each try printed. It downloads Debian and Python packages and takes
-minutes, so `make test` leaves it out (marker `image`).
+tries in containers of the image: no instructor material in the image, lesson 00 under
+nbval as the image's user, lab 01's solution graded by `labutils grade` as root and as
+the image's user. This test runs the script and reads what each try printed. It
+downloads Debian and Python packages and takes minutes, so `make test` leaves it out
+(marker `image`).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ def test_lesson_00_passes_nbval_inside(build):
     assert re.search(r"\b(\d+) passed\b", after) and " failed" not in after.split("[image]", 2)[1]
 
 
-def test_the_solution_of_lab_01_passes_when_graded_inside(build):
-    after = build.stdout.split("the solution graded inside", 1)[1]
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_the_solution_of_lab_01_passes_when_graded_inside(build, uid):
+    """As root (an autograder) and as the image's user (a learner grading their copy)."""
+    after = build.stdout.split(f"the solution graded inside, as uid {uid}", 1)[1]
     lines = after.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("submission,score,max_score,"))
     name, score, max_score, _, passed, notebook = lines[header + 1].split(",")[:6]
