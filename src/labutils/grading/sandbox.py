@@ -278,9 +278,9 @@ def main(argv: list[str]) -> int:
         spec["_report_fd"] = os.open(spec["report"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     enforced: dict = {"namespaces": [], "readonly": [], "hidden": [], "network": "not isolated"}
     why_not = _why_no_namespaces(outer_uid) if spec.get("isolate", True) else None
-    if why_not:
-        enforced["namespaces_error"] = why_not  # the command runs without: no half sandbox
-    elif spec.get("isolate", True):
+    if why_not:  # the command runs in no new namespace: never in half a sandbox
+        enforced["namespaces_error"] = why_not
+    if spec.get("isolate", True) and not why_not:
         try:
             _unshare(outer_uid, enforced)
             _loopback_up()

@@ -4,10 +4,11 @@ A cold run pays one interpreter start and one ``import torch`` for the torchrun 
 and again for every rank (about a second each on a laptop core), and every DDP rank
 another second for ``torch._dynamo``, which DDP's constructor imports. A warm run asks
 this caller's server (runtime/server.py), a process started once that has imported
-torch, torch._dynamo and the worker bootstrap, to fork the run's keepers; their torchrun agents start the
-ranks with torchrun's own function entry point and start method ``fork``. torchrun
-still does the rendezvous and starts, watches, stops and restarts the ranks; the run
-folder, events, stacks, diagnosis and ownership are those of a cold run.
+torch, torch._dynamo and the worker bootstrap, to fork the run's keepers; their
+torchrun agents start the ranks with torchrun's own function entry point and start
+method ``fork``. torchrun still does the rendezvous and starts, watches, stops and
+restarts the ranks; the run folder, events, stacks, diagnosis and ownership are those
+of a cold run.
 
 Where a warm start does not apply, the run starts cold and says why
 (``result.start``, ``result.start_reason``):
