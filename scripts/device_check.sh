@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device session for issue 28 (a one-GPU machine with its own torch, no network):
-# `make test-gpu`, then lessons with the GPU visible, in two groups at once (the machine
-# has 16 cores). Each notebook has its own time limit, so one that hangs does not cost
+# `make test-gpu`, then lessons with the GPU visible, in groups that run at once (the
+# machine has 16 cores). Each notebook has its own time limit, so one that hangs does not cost
 # the others; executed notebooks and logs go to $OUT.
-# Usage there: bash scripts/device_check.sh [gpu-tests] NOTEBOOKS-A -- NOTEBOOKS-B
+# Usage there: bash scripts/device_check.sh [gpu-tests] NOTEBOOKS-A [-- NOTEBOOKS-B ...]
+#   (GPU_TESTS_ARGS: more pytest arguments for make test-gpu, e.g. -k 'not lesson00')
 #   (wheels in .whl/; Debian's ip and tc in .whl/iproute2, made by scripts/iproute2_bundle.sh)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,10 +24,20 @@ notebooks() {  # group name, then notebooks, each under its own limit
   rm -f "$OUT/nb-$group/summary.json"
 }
 gpu_tests=0; [ "${1:-}" = gpu-tests ] && { gpu_tests=1; shift; }
-a=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do a+=("$1"); shift; done; [ $# -gt 0 ] && shift
-( if [ $gpu_tests = 1 ]; then SECONDS=0; timeout 240 make test-gpu PYTEST_ARGS="-v -s -k 'not lesson00'" > "$OUT/test-gpu.txt" 2>&1
-    echo "exit $? after $SECONDS s" >> "$OUT/test-gpu.txt"; fi
-  notebooks a "${a[@]}" ) &
-notebooks b "$@" &
+groups=(); current=""
+for arg in "$@"; do
+  if [ "$arg" = -- ]; then groups+=("$current"); current=""; else current="$current $arg"; fi
+done
+groups+=("$current")
+for i in "${!groups[@]}"; do
+  name=$(printf "\\x$(printf %x $((97 + i)))")   # a, b, c, ...
+  ( if [ $i = 0 ] && [ $gpu_tests = 1 ]; then SECONDS=0
+      timeout 240 make test-gpu PYTEST_ARGS="-v -s ${GPU_TESTS_ARGS:-}" > "$OUT/test-gpu.txt" 2>&1
+      echo "exit $? after $SECONDS s" >> "$OUT/test-gpu.txt"; fi
+    # shellcheck disable=SC2086 - each group is a list of notebook names
+    notebooks "$name" ${groups[$i]} ) &
+done
 wait
-cat "$OUT"/machine.txt "$OUT"/test-gpu.txt "$OUT"/a.txt "$OUT"/b.txt 2>/dev/null | grep -v IPKernelApp | tail -80
+# the device tool brings back at most 8 files: the executed notebooks travel as one archive
+(cd "$OUT" && tar czf notebooks.tgz nb-* 2>/dev/null && rm -rf nb-*)
+cat "$OUT"/machine.txt "$OUT"/test-gpu.txt "$OUT"/[a-h].txt 2>/dev/null | grep -v IPKernelApp | tail -100

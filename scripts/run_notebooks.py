@@ -3,14 +3,19 @@
     python scripts/run_notebooks.py lessons/00_first_distributed_run.ipynb ... [--out DIR]
 
 For a machine without the project's venv (a GPU machine with its own torch): put src/ on
-PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell)
+PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell),
+then each `# NBVAL_CHECK_OUTPUT` cell whose output differs from the stored one after
+lessons/sanitize.cfg's replacements (what nbval would fail: a claim that did not hold),
 and, with --out, writes each executed notebook and a JSON summary there.
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
+import copy
 import json
+import re
 import os
 import sys
 import time
@@ -21,8 +26,45 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 
+def sanitizers(folder: Path) -> list[tuple[re.Pattern, str]]:
+    """nbval's sanitize.cfg beside the notebooks, as (pattern, replacement) pairs."""
+    cfg = configparser.ConfigParser()
+    cfg.read(folder / "sanitize.cfg")
+    return [(re.compile(cfg[s]["regex"]), cfg[s]["replace"]) for s in cfg.sections()]
+
+
+def cell_text(cell, rules: list[tuple[re.Pattern, str]]) -> str:
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    text += "".join(o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", [])
+                    if o.get("output_type") == "execute_result")
+    for pattern, replacement in rules:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def check_differences(stored, ran, rules) -> list[str]:
+    """For each NBVAL_CHECK_OUTPUT cell that ran: its first line that differs from the stored run."""
+    found = []
+    for index, (before, after) in enumerate(zip(stored.cells, ran.cells)):
+        if after.cell_type != "code" or not after.get("execution_count"):
+            continue
+        if "NBVAL_CHECK_OUTPUT" not in after.source:
+            continue
+        old, new = cell_text(before, rules).splitlines(), cell_text(after, rules).splitlines()
+        if old == new:
+            continue
+        for line_no in range(max(len(old), len(new))):
+            a = old[line_no] if line_no < len(old) else "(no line)"
+            b = new[line_no] if line_no < len(new) else "(no line)"
+            if a != b:
+                found.append(f"cell {index}: stored {a.strip()[:150]!r}, now {b.strip()[:150]!r}")
+                break
+    return found
+
+
 def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
     nb = nbformat.read(path, as_version=4)
+    stored = copy.deepcopy(nb)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     t0 = time.monotonic()
@@ -45,8 +87,10 @@ def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
     if status == "broke" and cell is None and ran == len(code):
         # every cell ran without an error: what broke was shutting the kernel down
         status, note, error = "ok", f"after the last cell: {error}", ""
+    differences = check_differences(stored, nb, sanitizers(path.parent))
     return {"notebook": path.name, "seconds": round(time.monotonic() - t0, 1), "status": status,
-            "error": error[:500], "cell": cell, "cells_run": f"{ran}/{len(code)}", "note": note}, nb
+            "error": error[:500], "cell": cell, "cells_run": f"{ran}/{len(code)}", "note": note,
+            "checks_differing": differences}, nb
 
 
 def main() -> int:
@@ -62,6 +106,8 @@ def main() -> int:
         print(f"{result['notebook']}: {result['status']} in {result['seconds']} s"
               + (f" (cell {result['cell']}: {result['error']})" if result["status"] != "ok" else ""),
               flush=True)
+        for line in result["checks_differing"]:
+            print(f"  differs from the stored output: {line}", flush=True)
         if ns.out:
             ns.out.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, ns.out / path.name)

@@ -120,8 +120,8 @@ def clocked(real):
 
 losses: dict[str, list[float]] = {}
 with CollectiveLog(["all_gather_single", "reduce_scatter_single", "all_to_all_single"]) as log:
-    for op in log.ops:
-        setattr(dist, op, clocked(getattr(dist, op)))  # restored when the log closes
+    for name in log.installed:  # the older names on a torch before 2.13
+        setattr(dist, name, clocked(getattr(dist, name)))  # restored when the log closes
     for step in range(2 + args.steps):
         x, y = (t.to(device) for t in token_batch(rank, step))
         for way in WAYS:

@@ -65,7 +65,9 @@ def test_on_a_torch_before_2_13_the_new_names_log_the_old_functions(group, monke
     a log of "all_gather_single" wraps that (lesson 07 on a GPU machine's torch 2.11)."""
     old = dist.all_gather_into_tensor
     monkeypatch.delattr(dist, "all_gather_single")
-    with CollectiveLog(["all_gather_single"]) as log:
+    with CollectiveLog(["all_gather_single", "all_reduce"]) as log:
         dist.all_gather_into_tensor(torch.empty(4), torch.ones(4))
+        # what a script wraps again (lesson 07's fsdp_wire.py puts a clock around each)
+        assert log.installed == ["all_gather_into_tensor", "all_reduce"]
     assert [(c.op, c.nbytes) for c in log.calls] == [("all_gather_single", 16)]
     assert dist.all_gather_into_tensor is old and not hasattr(dist, "all_gather_single")

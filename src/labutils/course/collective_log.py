@@ -123,6 +123,12 @@ class CollectiveLog:
             setattr(dist, name, self._wrap(op, self._real[name]))
         return self
 
+    @property
+    def installed(self) -> list[str]:
+        """The torch.distributed names wrapped inside the block: each of `ops`, or its
+        older name (OLDER_NAME) on a torch that lacks the new one."""
+        return list(self._real)
+
     def __exit__(self, *exc) -> None:
         import torch.distributed as dist
 
