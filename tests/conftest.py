@@ -184,7 +184,8 @@ def pytest_sessionstart(session):
     from helpers import OtherLoad
 
     if _measuring_pass(session.config):
-        _LOAD.update(wall=time.monotonic(), others=OtherLoad(os.getpid()))
+        _LOAD.update(wall=time.monotonic(),
+                     others=OtherLoad(os.getpid(), token=SESSION_TOKEN.encode()))
 
 
 def pytest_terminal_summary(terminalreporter, config):

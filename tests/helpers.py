@@ -107,13 +107,16 @@ def process_table() -> dict[tuple[int, int], tuple[int, float, str]]:
 class OtherLoad:
     """CPU seconds taken by processes that are not ``root`` or under it, sampled every
     ``every`` seconds by a thread: what else kept the machine busy while ``root`` ran
-    (a neighbour, a process left behind by an earlier pass). A process that starts and
-    ends between two samples is missed."""
+    (a neighbour, a process left behind by an earlier pass). A process whose environment
+    holds ``token`` is ours wherever it hangs (a warm server leaves the caller's tree on
+    purpose, and its ranks with it). A process that starts and ends between two samples
+    is missed."""
 
-    def __init__(self, root: int, every: float = 1.0) -> None:
+    def __init__(self, root: int, every: float = 1.0, token: bytes | None = None) -> None:
         import threading
 
-        self.root, self.every = root, every
+        self.root, self.every, self.token = root, every, token
+        self.ours: dict[tuple[int, int], bool] = {}  # by (pid, start time): token seen
         self.seen: dict[tuple[int, int], float] = {}  # CPU when first seen (0 if started later)
         self.last: dict[tuple[int, int], tuple[float, str]] = {}
         self.stop = threading.Event()
@@ -134,10 +137,21 @@ class OtherLoad:
             pid = key[0]
             while pid > 1 and pid != self.root:
                 pid = parent.get(pid, 0)
-            if pid == self.root:
+            if pid == self.root or self._has_token(key):
                 continue
             self.seen.setdefault(key, cpu if not self.watching else 0.0)
             self.last[key] = (cpu, name)
+
+    def _has_token(self, key: tuple[int, int]) -> bool:
+        if self.token is None:
+            return False
+        if key not in self.ours:
+            try:
+                with open(f"/proc/{key[0]}/environ", "rb") as f:
+                    self.ours[key] = self.token in f.read().split(b"\0")
+            except OSError:
+                return False  # gone, or not ours to read: asked again next time
+        return self.ours[key]
 
     def finish(self) -> list[tuple[str, float]]:
         """[(name, CPU seconds since watching began)] of the other processes, largest first."""

@@ -181,61 +181,65 @@ class ThreadDataParallel:
                 for what in TRAFFIC}
 
 
-def median_step_seconds(step: Callable, batches: list) -> float:
-    """step(x, y) for every batch; the median seconds of one step (robust to a
-    step slowed down by something else running on the machine)."""
-    times = []
+def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[float]]:
+    """step(x, y) for every batch: each step's seconds, and the share of each step this
+    thread spent on a core (its CPU time over the step's wall time). A thread that
+    waits, for the GIL or for a core that other work holds, is off its core."""
+    seconds, on_core = [], []
     for x, y in batches:
-        t0 = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         step(x, y)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu = time.thread_time() - cpu  # read inside the wall-clock interval
+        seconds.append(time.perf_counter() - wall)
+        on_core.append(cpu / seconds[-1])
+    return seconds, on_core
 
 
 def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
-                     steps: int) -> tuple[float, float]:
+                     steps: int) -> tuple[float, list[float]]:
     """Each model on its own thread, all at once, ``steps`` forward + backward passes:
-    the median seconds of one pass on the slowest thread, and the share of the time
-    the threads were on a core (each thread's CPU time over its wall time; the mean).
-    A thread that waits for the GIL is off its core."""
-    medians, on_core = [0.0] * len(models), [0.0] * len(models)
+    the median seconds of one pass on the slowest thread, and every thread's share of
+    each pass on a core."""
+    medians, on_core = [0.0] * len(models), [[] for _ in models]
 
     def work(i: int) -> None:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        medians[i] = median_step_seconds(
+        seconds, on_core[i] = steps_on_core(
             lambda x, y: nn.functional.cross_entropy(models[i](x), y).backward(), [(x, y)] * steps)
-        on_core[i] = (time.thread_time() - cpu) / (time.perf_counter() - wall)
+        medians[i] = statistics.median(seconds)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return max(medians), statistics.mean(on_core)
+    return max(medians), [share for shares in on_core for share in shares]
 
 
 def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
     each): seconds per forward + backward, how much slower running together is, and
-    the share of the time the threads running together were on a core.
+    the share of a pass the threads running together spent on a core.
 
-    ``rounds`` rounds of (alone, together); each keeps its fastest round, the one least
-    disturbed by anything else the machine was doing."""
+    ``rounds`` rounds of (alone, together). The times are each one's fastest round, the
+    one least disturbed by anything else the machine was doing; the share on a core is
+    the median over every pass of every round, the typical pass: a burst of other work
+    on the machine takes a core from a few passes, the GIL from every one."""
     models = [make_model(**config) for _ in range(n)]
     x, y = make_batch(0, batch, **config)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
-    alone, together = [], []
+    alone, together, on_core = [], [], []
     try:
         replicas_at_once(models, x, y, 2)  # warm-up
         for _ in range(rounds):
             alone.append(replicas_at_once(models[:1], x, y, steps)[0])
-            together.append(replicas_at_once(models, x, y, steps))
+            seconds, shares = replicas_at_once(models, x, y, steps)
+            together.append(seconds)
+            on_core += shares
     finally:
         torch.set_num_threads(threads_before)
-    fastest, on_core = min(together)
-    return {"alone_s": min(alone), "together_s": fastest, "slowdown": fastest / min(alone),
-            "on_core": on_core}
+    return {"alone_s": min(alone), "together_s": min(together), "slowdown": min(together) / min(alone),
+            "on_core": statistics.median(on_core)}
 
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,

@@ -140,17 +140,22 @@ def moved(before: dict | None, after: dict | None, steps: int = 1) -> dict:
     return {k: (after[k] - before[k]) / steps for k in ("received", "sent")}
 
 
-def median_step(step_fn, batches) -> float:
-    """The median seconds of one step over batches[2:] (two warm-up steps first)."""
+def median_step(step_fn, batches, on_core: list[float] | None = None) -> float:
+    """The median seconds of one step over batches[2:] (two warm-up steps first); with
+    ``on_core``, each of those steps' share on a core is appended to it (the thread's
+    CPU time over the step's wall time: what other work on the machine takes from it)."""
     for x, y in batches[:2]:
         step_fn(x, y)
     times = []
     for x, y in batches[2:]:
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.thread_time()
         step_fn(x, y)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        cpu = time.thread_time() - cpu  # read inside the wall-clock interval
         times.append(time.perf_counter() - t0)
+        if on_core is not None:
+            on_core.append(cpu / times[-1])
     return statistics.median(times)
 
 
@@ -170,19 +175,10 @@ def slowest_rank(seconds: float) -> float:
     return t.item()
 
 
-def seconds_and_on_core(step_fn, batches) -> tuple[float, float]:
-    """median_step() on every rank at once: the slowest rank's, and the share of the
-    time the ranks' computing threads were on a core (CPU time over wall time; the
-    mean over ranks)."""
-    dist.barrier()
-    wall, cpu = time.perf_counter(), time.thread_time()
-    seconds = median_step(step_fn, batches)
-    on_core = (time.thread_time() - cpu) / (time.perf_counter() - wall)
-    both = torch.tensor([seconds, on_core / world_size], dtype=torch.float64, device=device)
-    slowest = both[:1].clone()
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    dist.all_reduce(both)  # both[1]: the mean share on a core
-    return slowest.item(), both[1].item()
+def mean_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item() / world_size
 
 
 def my_batches(config: dict, per_rank: int, steps: int) -> list:
@@ -207,16 +203,19 @@ if args.timing_steps > 0:
         def forward_backward(x, y) -> None:
             loss_fn(plain(x), y).backward()
 
-        alone, together = [], []
-        for _ in range(3):  # 3 rounds; the fastest of each, the least disturbed by other work
+        # 3 rounds. The times are each one's fastest round (on the slowest rank), the least
+        # disturbed by other work; the share on a core is the median over every step of
+        # every round (the mean over ranks), as for the threads in the notebook.
+        alone, together, on_core = [], [], []
+        for _ in range(3):
             dist.barrier()
             if rank == 0:                                 # rank 0 alone: the others wait
                 alone.append(median_step(forward_backward, batches))
             dist.barrier()
-            together.append(seconds_and_on_core(forward_backward, batches))  # every rank at once
-        fastest, on_core = min(together)
+            together.append(slowest_rank(median_step(forward_backward, batches, on_core)))  # all at once
+        on_core = mean_over_ranks(statistics.median(on_core))
         if rank == 0:
-            report(part="processes at once", model=name, alone_s=min(alone), together_s=fastest,
+            report(part="processes at once", model=name, alone_s=min(alone), together_s=min(together),
                    on_core=on_core)
 
     # b. a DDP training step on the model of many small operations

@@ -7,6 +7,7 @@ the exercise solutions, a DataParallel step on an uneven batch).
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,39 @@ def test_thread_slowdown_reports_alone_and_together(lesson_modules):
     assert run["slowdown"] == pytest.approx(run["together_s"] / run["alone_s"])
     assert 0 < run["on_core"] <= 1.05  # CPU time over wall time, per thread
     assert torch.get_num_threads() > 0  # restored
+
+
+def test_steps_on_core_reads_each_steps_share_so_a_burst_moves_few_steps(lesson_modules, monkeypatch):
+    """Each step's CPU time over its wall time, on a clock the steps move: a step that
+    waits half its time is half on its core, and the median step stays on its core when
+    one step in five waits (what a burst of other work does to the processes; the GIL
+    takes from every step of the threads)."""
+    (dp_mod,) = lesson_modules(LESSON01, "data_parallel")
+    clock = {"wall": 100.0, "cpu": 7.0}
+    reads = []
+
+    class Clock:  # stands in for the time module inside data_parallel
+        @staticmethod
+        def perf_counter():
+            reads.append("wall")
+            return clock["wall"]
+
+        @staticmethod
+        def thread_time():
+            reads.append("cpu")
+            return clock["cpu"]
+
+    def step(on_core_ms, _):
+        clock["wall"] += 0.010
+        clock["cpu"] += on_core_ms / 1000
+
+    monkeypatch.setattr(dp_mod, "time", Clock)
+    seconds, shares = dp_mod.steps_on_core(step, [(5, None)] * 3)
+    assert seconds == pytest.approx([0.010] * 3) and shares == pytest.approx([0.5] * 3)
+    # the CPU clock is read inside the wall-clock interval, so a share cannot pass 1
+    assert reads[:4] == ["wall", "cpu", "cpu", "wall"]
+    _, shares = dp_mod.steps_on_core(step, [(10, None), (10, None), (4, None), (10, None), (10, None)])
+    assert shares == pytest.approx([1, 1, 0.4, 1, 1]) and statistics.median(shares) == pytest.approx(1)
 
 
 def test_time_in_turn_alternates_steps_and_keeps_each_ways_fastest(lesson_modules):
