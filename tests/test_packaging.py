@@ -96,3 +96,21 @@ def test_every_locked_package_installs_on_the_oldest_python_requires_python_admi
         if lock.get(name) == dist.version and needs and oldest not in SpecifierSet(needs):
             refused.append(f"{name}=={dist.version} needs Python {needs}")
     assert not refused, f"requires-python {requires}, yet: {refused}"
+
+
+def test_the_lock_is_consistent_and_keeps_nbformat_quick_to_import():
+    """Every installed requirement of every locked package is met (pip check), and the
+    lock holds no rfc3987-syntax: jsonschema 4.24 and later validate IRIs with it when it
+    is installed, and building its grammar at import costs about 1 CPU-second in every
+    process that imports nbformat (papermill, nbclient, the grader's supervisor: the
+    test suite starts hundreds). jsonschema stays at 4.23, where format-nongpl does not
+    ask for it."""
+    import subprocess
+    import sys
+
+    lock = _pins((REPO / "requirements.lock").read_text().splitlines())
+    assert "rfc3987-syntax" not in lock and "lark" not in lock
+    major, minor, *_ = (int(part) for part in lock["jsonschema"].split("."))
+    assert (major, minor) < (4, 24), lock["jsonschema"]
+    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
