@@ -91,6 +91,25 @@ def test_variables_read_at_import_get_a_server_of_their_own(runs_dir):
     assert any(s.import_env.get("PYTHONHASHSEED") == "123" for s in warm.servers())
 
 
+def test_a_caller_that_built_a_ddp_model_keeps_its_server(runs_dir, monkeypatch):
+    """Importing torch._dynamo (DDP's constructor does) writes torch's default
+    TORCHINDUCTOR_CACHE_DIR into the caller's environment: the same server still serves
+    (a grader's check process started a second one at every grading). Another value
+    is the caller's own choice, and gets a server of its own."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    monkeypatch.delenv(warm.INDUCTOR_CACHE, raising=False)
+    first = launch(SEES, 2, display="none")
+    cache_dir()  # what importing torch._dynamo does to this process's environment
+    assert os.environ[warm.INDUCTOR_CACHE] == default_cache_dir() == warm.inductor_default_cache_dir()
+    before = {s.pid for s in warm.servers()}
+    again = launch(SEES, 2, display="none")
+    assert first.start == again.start == "warm" and again.warm_server is None
+    assert {s.pid for s in warm.servers()} == before
+    env = {**os.environ, warm.INDUCTOR_CACHE: str(runs_dir / "inductor")}
+    assert warm.import_env(env)[warm.INDUCTOR_CACHE] == str(runs_dir / "inductor")
+
+
 def test_a_killed_server_is_replaced(runs_dir):
     first = launch(SEES, 2, display="none")
     # the launcher's OMP_NUM_THREADS=1 for several ranks, unless the caller set one

@@ -95,9 +95,34 @@ def _has_gpu() -> bool:
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables of env a forked rank would see with its server's values."""
-    return {k: v for k, v in env.items()
-            if k.startswith(IMPORT_PREFIXES) and not k.startswith(READ_AT_RUN)}
+    """The variables of env a forked rank would see with its server's values.
+
+    TORCHINDUCTOR_CACHE_DIR set to torch's own default counts as unset: importing
+    torch._dynamo (DDP's constructor does) writes that default into the importing
+    process's environment, so a caller that built a DDP model in-process would
+    otherwise ask for a second server, identical to the first (the dynamo cache
+    directory it fixes at import is the same)."""
+    out = {k: v for k, v in env.items()
+           if k.startswith(IMPORT_PREFIXES) and not k.startswith(READ_AT_RUN)}
+    if out.get(INDUCTOR_CACHE) == inductor_default_cache_dir():
+        del out[INDUCTOR_CACHE]
+    return out
+
+
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_default_cache_dir() -> str:
+    """Where torch's inductor and dynamo caches go when TORCHINDUCTOR_CACHE_DIR is unset
+    (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir), without torch."""
+    import getpass
+    import re
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def install_stamp() -> int:
