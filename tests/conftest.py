@@ -198,9 +198,11 @@ def pytest_terminal_summary(terminalreporter, config):
     others = _LOAD["others"].finish()
     total = sum(seconds for _, seconds in others)
     top = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in others[:3] if seconds >= 0.5)
+    busiest = _LOAD["others"].busiest()
     terminalreporter.write_line(
         f"other processes while this session ran: {total:.0f} CPU-s in {wall:.0f} s "
-        f"({total / max(wall, 1e-9):.2f} cores on average){'; most: ' + top if top else ''}")
+        f"({total / max(wall, 1e-9):.2f} cores on average){'; most: ' + top if top else ''}"
+        + (f"; the busiest one ({busiest[1]:.0f} s): {busiest[0]}" if busiest and busiest[1] >= 5 else ""))
 
 
 def pytest_addoption(parser):

@@ -117,6 +117,7 @@ class OtherLoad:
 
         self.root, self.every, self.token = root, every, token
         self.ours: dict[tuple[int, int], bool] = {}  # by (pid, start time): token seen
+        self.commands: dict[tuple[int, int], str] = {}  # command line when first seen
         self.seen: dict[tuple[int, int], float] = {}  # CPU when first seen (0 if started later)
         self.last: dict[tuple[int, int], tuple[float, str]] = {}
         self.stop = threading.Event()
@@ -141,6 +142,12 @@ class OtherLoad:
                 continue
             self.seen.setdefault(key, cpu if not self.watching else 0.0)
             self.last[key] = (cpu, name)
+            if key not in self.commands:
+                try:
+                    raw = Path(f"/proc/{key[0]}/cmdline").read_bytes()
+                    self.commands[key] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:100]
+                except OSError:
+                    self.commands[key] = ""
 
     def _has_token(self, key: tuple[int, int]) -> bool:
         if self.token is None:
@@ -162,3 +169,9 @@ class OtherLoad:
         for key, (cpu, name) in self.last.items():
             by_name[name] = by_name.get(name, 0.0) + cpu - self.seen[key]
         return sorted(((n, s) for n, s in by_name.items() if s > 0), key=lambda item: -item[1])
+
+    def busiest(self) -> tuple[str, float] | None:
+        """The other process that took the most CPU (after finish()): its command line, CPU-s."""
+        spent = {key: cpu - self.seen[key] for key, (cpu, _) in self.last.items()}
+        key = max(spent, key=spent.get, default=None)
+        return None if key is None or spent[key] <= 0 else (self.commands.get(key, ""), spent[key])
