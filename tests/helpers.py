@@ -117,6 +117,7 @@ class OtherLoad:
 
         self.root, self.every, self.token = root, every, token
         self.ours: dict[tuple[int, int], bool] = {}  # by (pid, start time): token seen
+        self.mine: set[tuple[int, int]] = set()  # seen under root or with the token once
         self.commands: dict[tuple[int, int], str] = {}  # command line when first seen
         self.seen: dict[tuple[int, int], float] = {}  # CPU when first seen (0 if started later)
         self.last: dict[tuple[int, int], tuple[float, str]] = {}
@@ -138,7 +139,10 @@ class OtherLoad:
             pid = key[0]
             while pid > 1 and pid != self.root:
                 pid = parent.get(pid, 0)
-            if pid == self.root or self._has_token(key):
+            if pid == self.root or key in self.mine or self._has_token(key):
+                # ours for good: a process of ours orphaned when its caller ends (a warm
+                # server, its ranks) is re-parented outside the tree but stays ours
+                self.mine.add(key)
                 continue
             self.seen.setdefault(key, cpu if not self.watching else 0.0)
             self.last[key] = (cpu, name)

@@ -40,3 +40,16 @@ def test_processes_with_the_session_token_are_ours_wherever_they_hang():
     assert "lu-burn-ours" not in others, others
     command, seconds = load.busiest()  # the summary's pointer to the biggest one
     assert command and seconds >= others["lu-burn-other"] >= 0.3
+
+
+def test_a_process_of_ours_stays_ours_when_its_parent_ends_first():
+    """What a warm server and its ranks do when their caller ends: they are re-parented
+    outside the session's tree; the CPU they used is still the session's."""
+    load = OtherLoad(root=os.getpid(), every=0.05)
+    # a shell of ours starts the burner and leaves at once: the burner is orphaned
+    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0" lu-burn-orphan & sleep 0.3',
+                              BURN])
+    shell.wait(timeout=30)
+    time.sleep(1.5)  # the orphan burns and sleeps outside the tree
+    others = dict(load.finish())
+    assert "lu-burn-orphan" not in others, others

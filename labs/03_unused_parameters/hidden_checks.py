@@ -1,6 +1,8 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the same fix,
 measured in cases the public checks do not show: the weights at 3 ranks against one
-process on the same 12 items a step; 4 ranks with the auxiliary loss on."""
+process on the same 12 items a step; 4 ranks with the auxiliary loss on, where the
+auxiliary head must still train (a required check: a fix that freezes the head for
+good loses only its points, and would pass the lab without it)."""
 
 from checks import BATCH, _run, _same_weights, _weights
 
@@ -23,12 +25,36 @@ def equals_big_batch_at_3(c):
     _same_weights(c, run, reference, f"{nproc} ranks x batch {BATCH} = 1 rank x batch {nproc * BATCH}")
 
 
-@check(f"At 4 ranks with --aux-weight {AUX_WEIGHT}: the auxiliary head trains, and the weights "
-       "are identical on every rank and equal one process on the whole batch", points=2,
-       visibility="after_published")
+AUX_ARGS = ["--aux-weight", AUX_WEIGHT]
+AUX_LABEL = f"4 ranks, --aux-weight {AUX_WEIGHT}"
+
+
+@check(f"At 4 ranks with --aux-weight {AUX_WEIGHT}: the auxiliary head trains", points=1,
+       visibility="after_published", required=True)
+def the_auxiliary_head_trains_at_4(c):
+    # Trained by the auxiliary loss, the head ends elsewhere under another weight of that
+    # loss; left out of training (frozen, detached), it ends as initialised under both.
+    # Both runs use the head at every step, so the starter runs them too.
+    other = AUX_WEIGHT / 2
+    run = _run(c, 4, args=AUX_ARGS)
+    again = _run(c, 4, args=["--aux-weight", other])
+    if not (c.completed(run, AUX_LABEL) and c.completed(again, f"4 ranks, --aux-weight {other}")):
+        return
+    names, values, _ = _weights(run)[0]
+    _, others, _ = _weights(again)[0]
+    size = AUX_HEAD[1] if names[-2:] == AUX_HEAD[0] else 0
+    moved = max((abs(a - b) for a, b in zip(values[-size:], others[-size:])), default=0.0) if size else 0.0
+    c.expect(moved > 1e-4, f"{AUX_LABEL}: aux_head trains",
+             measured=(f"aux_head differs by up to {moved:.2e} between --aux-weight {AUX_WEIGHT} "
+                       f"and {other}") if size else f"parameters {names}",
+             expected=f"{AUX_HEAD[0]} (the model's last parameters) trained by the auxiliary "
+                      "loss: different under another weight of it")
+
+
+@check(f"At 4 ranks with --aux-weight {AUX_WEIGHT}: the weights are identical on every rank "
+       "and equal one process on the whole batch", points=1, visibility="after_published")
 def with_the_auxiliary_loss_at_4(c):
-    nproc, args = 4, ["--aux-weight", AUX_WEIGHT]
-    label = f"{nproc} ranks, --aux-weight {AUX_WEIGHT}"
+    nproc, args, label = 4, AUX_ARGS, AUX_LABEL
     run = _run(c, nproc, args=args)
     if not c.completed(run, label):
         return
@@ -37,17 +63,6 @@ def with_the_auxiliary_loss_at_4(c):
     c.expect(len(digests) == nproc and len(set(digests.values())) == 1, f"{label}: identical weights",
              measured=f"sha256 of the weights per rank: {digests}",
              expected=f"bitwise identical on all {nproc} ranks")
-    # the public checks' run has no auxiliary loss: its aux_head is as initialised (when
-    # that run failed, the public checks say why and this part is left out)
-    untrained = _run(c, 2)
-    names, values, _ = weights[0]
-    if untrained.ok:
-        before = _weights(untrained)[0][1][-AUX_HEAD[1]:] if names[-2:] == AUX_HEAD[0] else []
-        moved = max((abs(a - b) for a, b in zip(values[-AUX_HEAD[1]:], before)), default=0.0)
-        c.expect(moved > 1e-4, f"{label}: aux_head trains",
-                 measured=f"aux_head moved by up to {moved:.2e}" if before else f"parameters {names}",
-                 expected=f"{AUX_HEAD[0]} (the model's last parameters) change: the auxiliary "
-                          "loss trains them")
     reference = _run(c, 1, batch=nproc * BATCH, args=args)
     if c.completed(reference, f"1 rank, batch {nproc * BATCH}, --aux-weight {AUX_WEIGHT} (the reference)"):
         _same_weights(c, run, reference, f"{label}: {nproc} ranks x batch {BATCH} = 1 rank x batch {nproc * BATCH}")

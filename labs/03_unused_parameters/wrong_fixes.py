@@ -34,4 +34,13 @@ WRONG_FIXES = [
                             ("        loss = F.cross_entropy(model(x), y)",
                              "        logits, aux = model(x, with_aux=True)\n"
                              "        loss = F.cross_entropy(logits, y) + 0.0 * aux.detach().sum()")]}),
+    WrongFix(
+        "aux_head frozen for good, so DDP expects no gradient from it",
+        why="the default run trains and matches one process, but with --aux-weight the "
+            "auxiliary loss no longer trains its head: the required hidden check fails",
+        base="starter",
+        edits={"train.py": [("model = DDP(TwoHeadNet().to(device))",
+                             "net = TwoHeadNet().to(device)\n"
+                             "net.aux_head.requires_grad_(False)  # DDP skips what needs no grad\n"
+                             "model = DDP(net)")]}),
 ]

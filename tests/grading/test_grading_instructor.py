@@ -56,7 +56,8 @@ def test_a_learner_copy_holds_no_hidden_check_and_no_solution(lab, tmp_path):
     config = json.loads(text["lab.json"])
     assert "starter_fails" not in config
     assert config["hidden_checks"] == {"count": len(hidden),
-                                       "points": sum(c["points"] for c in hidden)}
+                                       "points": sum(c["points"] for c in hidden),
+                                       "required": sum(c["required"] for c in hidden)}
 
 
 def _tiny_lab(root: Path) -> Path:

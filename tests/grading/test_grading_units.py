@@ -245,6 +245,44 @@ def test_hidden_results_keep_their_visibility_and_stay_off_the_feedback_page():
         check("x", points=1, visibility="hidden")
 
 
+def test_a_required_check_that_fails_fails_the_lab_at_any_score():
+    """@check(required=True): the score stays, the verdict names the check."""
+    tests = _graded()["tests"]
+    tests[1].update(required=True, status="passed", score=4.0)
+    assert report.passes(tests, 0.6) and report.required_failed(tests) == []
+    tests[1].update(status="failed", score=3.9)  # 4.9 of 5: far above the pass mark
+    assert not report.passes(tests, 0.6)
+    assert report.required_failed(tests) == ["<b>checks</b>"]
+    result = _graded(passed=report.passes(tests, 0.6))
+    result["tests"] = tests
+    assert report.verdict(result) == "not passed: a required check failed (<b>checks</b>)"
+    assert "4.9/5 (not passed: a required check failed (<b>checks</b>), pass mark 60%)" in \
+        report.gradescope_results(result)["output"]
+    page = report.feedback_page(result)
+    assert "not passed: a required check failed (&lt;b&gt;checks&lt;/b&gt;)" in page
+    assert "(required to pass)" in page
+    assert not report.passes([dict(tests[0], score=0.0)], 0.6)  # below the mark, nothing required
+    with pytest.raises(ValueError, match="required must be True or False"):
+        check("x", points=1, required="yes")
+    spec = check("y", points=1, required=True)(lambda c: None).__labutils_check__
+    assert spec.required and CheckResult.from_json(
+        CheckResult(name="y", points=1, required=True).to_json()).required
+
+
+def test_a_wrong_fix_that_fails_a_required_check_is_caught_when_it_must_fail_the_lab():
+    from labutils.grading.wrongfix import Scored, WrongFix
+
+    fix = WrongFix("freeze", why="", edits={"train.py": [("a", "b")]})
+    failed = [{"name": "trains", "score": 0.0, "points": 1.0, "passed": False, "required": True}]
+    assert Scored(fix, fraction=0.92, bound=0.6, checks=failed, pass_mark=0.6).caught
+    assert Scored(fix, fraction=0.92, bound=0.6, checks=failed, pass_mark=0.6).required_failed == ["trains"]
+    # a lower bound asks for a lower score: the verdict "fails the lab" is not enough
+    assert not Scored(fix, fraction=0.92, bound=0.5, checks=failed, pass_mark=0.6).caught
+    passed = [dict(failed[0], score=1.0, passed=True)]
+    assert not Scored(fix, fraction=0.92, bound=0.6, checks=passed, pass_mark=0.6).caught
+    assert not Scored(fix, fraction=0.92, bound=0.6, checks=failed, pass_mark=0.6, error="x").caught
+
+
 def test_grades_csv_lists_failing_checks():
     rows = list(csv.DictReader(io.StringIO(report.grades_csv([_graded(), _graded(name="bob", passed=False)]))))
     assert [r["submission"] for r in rows] == ["alice", "bob"]

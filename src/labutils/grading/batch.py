@@ -156,7 +156,7 @@ def _failed_tests(lab: Lab, why: str) -> list[dict]:
              "status": "failed", "output": why, "visibility": "visible", "hidden": False}] + [
         {"name": c["name"], "max_score": c["points"], "score": 0.0, "status": "failed",
          "output": f"[FAIL] not measured: {why}", "visibility": c["visibility"],
-         "hidden": c["hidden"]} for c in lab.checks]
+         "hidden": c["hidden"], "required": c.get("required", False)} for c in lab.checks]
 
 
 class Batch:
@@ -247,7 +247,7 @@ class Batch:
         else:
             result.update(payload)
         score, max_score = report.totals(result["tests"])
-        result["passed"] = bool(max_score) and score >= self.lab.pass_mark * max_score - 1e-9
+        result["passed"] = report.passes(result["tests"], self.lab.pass_mark)
         result["duration_s"] = round(time.monotonic() - t0, 2)
         executed = result.pop("executed_notebook", None)
         result["has_executed_notebook"] = bool(executed and Path(executed).is_file())
@@ -327,7 +327,7 @@ def grade(
             with batch.lock:
                 done[0] += 1
                 score, max_score = report.totals(result["tests"])
-                verdict = "passed" if result["passed"] else "below pass mark"
+                verdict = report.verdict(result)
                 extra = " [grader error]" if result.get("grader_error") else ""
                 progress(f"[{done[0]}/{len(paths)}] {name}: {score:g}/{max_score:g} {verdict} "
                          f"({result['duration_s']:.0f} s){extra}")

@@ -45,9 +45,11 @@ class CheckSpec:
     points: float
     visibility: str = "visible"
     hidden: bool = False   # declared in hidden_checks.py, outside the learner's copy
+    required: bool = False  # the lab is not passed unless this check passes
 
 
-def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
+def check(name: str, *, points: float, visibility: str = "visible",
+          required: bool = False) -> Callable:
     """Declare a lab check worth ``points``; the title is what learners read.
 
     Args:
@@ -57,7 +59,14 @@ def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
             (at once), "after_due_date" or "after_published". Not "hidden" (never): a
             check always carries points, and points a learner can never see explained
             are refused.
+        required: the lab is not passed unless this check passes, whatever the score:
+            for what a fix must not break, where losing the check's points alone would
+            leave the submission above the pass mark (lab 03: the auxiliary head must
+            still train). The score is unchanged; the verdict says which required
+            check failed.
     """
+    if not isinstance(required, bool):
+        raise ValueError(f"check {name!r}: required must be True or False, got {required!r}")
     if not real_number(points) or points <= 0:
         raise ValueError(f"check {name!r}: points must be a number > 0, got {points!r}")
     if visibility == "hidden":
@@ -71,7 +80,7 @@ def check(name: str, *, points: float, visibility: str = "visible") -> Callable:
     def mark(fn: Callable) -> Callable:
         # a function attribute, which Callable cannot declare; collect_checks finds it
         fn.__labutils_check__ = CheckSpec(  # type: ignore[attr-defined]
-            name=name, points=float(points), visibility=visibility)
+            name=name, points=float(points), visibility=visibility, required=required)
         return fn
 
     return mark
@@ -118,6 +127,7 @@ class CheckResult:
     duration_s: float = 0.0
     visibility: str = "visible"
     hidden: bool = False
+    required: bool = False
 
     @property
     def score(self) -> float:
@@ -143,7 +153,7 @@ class CheckResult:
             "name": self.name, "points": self.points, "score": self.score,
             "passed": self.passed, "error": self.error,
             "duration_s": round(self.duration_s, 2),
-            "visibility": self.visibility, "hidden": self.hidden,
+            "visibility": self.visibility, "hidden": self.hidden, "required": self.required,
             "parts": [vars(p) for p in self.parts],
         }
 
@@ -153,7 +163,8 @@ class CheckResult:
                    parts=[Part(**p) for p in data.get("parts", [])],
                    error=str(data.get("error", "")), duration_s=float(data.get("duration_s", 0)),
                    visibility=str(data.get("visibility", "visible")),
-                   hidden=bool(data.get("hidden", False)))
+                   hidden=bool(data.get("hidden", False)),
+                   required=bool(data.get("required", False)))
 
 
 # ---------------------------------------------------------------------------- runs
@@ -435,7 +446,7 @@ def run_check(fn: Callable, checker: Checker) -> CheckResult:
     checker.parts = []
     t0 = time.monotonic()
     result = CheckResult(name=spec.name, points=spec.points, visibility=spec.visibility,
-                         hidden=spec.hidden)
+                         hidden=spec.hidden, required=spec.required)
     try:
         fn(checker)
     except Exception as exc:  # noqa: BLE001 - a broken measurement must not stop the other checks

@@ -42,6 +42,28 @@ def totals(tests: list[dict]) -> tuple[float, float]:
     return (round(sum(t["score"] for t in tests), 2), round(sum(t["max_score"] for t in tests), 2))
 
 
+def required_failed(tests: list[dict]) -> list[str]:
+    """The names of the required checks that did not pass (@check(required=True))."""
+    return [t["name"] for t in tests if t.get("required") and t["status"] != "passed"]
+
+
+def passes(tests: list[dict], pass_mark: float) -> bool:
+    """At least the pass mark's share of the points, and every required check passed."""
+    score, max_score = totals(tests)
+    return (bool(max_score) and score >= pass_mark * max_score - 1e-9
+            and not required_failed(tests))
+
+
+def verdict(result: dict) -> str:
+    """passed / below the pass mark / a required check failed (naming it)."""
+    if result["passed"]:
+        return "passed"
+    failed = required_failed(result["tests"])
+    if failed:
+        return f"not passed: a required check failed ({'; '.join(failed)})"
+    return "below the pass mark"
+
+
 def gradescope_results(result: dict) -> dict:
     """The submission's result in the Gradescope autograder format."""
     score, max_score = totals(result["tests"])
@@ -55,8 +77,7 @@ def gradescope_results(result: dict) -> dict:
                  f"{'are' if len(held) > 1 else 'is'} graded too and shown later "
                  f"({'; '.join(sorted({WHEN_SHOWN[t['visibility']] for t in held}))})."]
     else:
-        verdict = "passed" if result["passed"] else "below the pass mark"
-        lines = [f"{result['lab_title']}: {score:g}/{max_score:g} ({verdict}, pass mark "
+        lines = [f"{result['lab_title']}: {score:g}/{max_score:g} ({verdict(result)}, pass mark "
                  f"{result['pass_mark']:.0%})."]
     meta = result.get("metadata") or {}
     if meta.get("names"):
@@ -102,7 +123,8 @@ def feedback_page(result: dict) -> str:
         points = f"{t['score']:g} / {t['max_score']:g}" if t["max_score"] else "-"
         rows.append(
             f"<section><h3><span class='badge' style='background:{badge[0]}'>{badge[1]}</span> "
-            f"{html.escape(t['name'])} <span class='pts'>{points}</span></h3>"
+            f"{html.escape(t['name'])}{' (required to pass)' if t.get('required') else ''} "
+            f"<span class='pts'>{points}</span></h3>"
             f"<pre>{html.escape(t.get('output', ''))}</pre></section>")
     notes = ""
     if result.get("grader_error"):
@@ -123,7 +145,7 @@ def feedback_page(result: dict) -> str:
                   f"shown here ({html.escape('; '.join(later))}); your grade counts "
                   f"{'them' if len(held) > 1 else 'it'}.</p>")
     else:
-        headline = (f"{score:g} / {max_score:g}: {'passed' if ok else 'below the pass mark'} "
+        headline = (f"{score:g} / {max_score:g}: {html.escape(verdict(result))} "
                     f"({result['pass_mark']:.0%} needed)")
     executed = ("<p>Your notebook as the grader ran it: <a href='executed.ipynb'>executed.ipynb</a></p>"
                 if result.get("has_executed_notebook") else "")

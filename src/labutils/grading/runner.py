@@ -101,8 +101,9 @@ def _load_hidden(checks_dir: Path, public, source: str | None = None):
 
 
 def hidden_summary(folder: Path) -> dict:
-    """{"count", "points"} of the checks only the grader runs: counted from
-    hidden_checks.py when it is there, else as lab.json records them (a learner's copy)."""
+    """{"count", "points", "required"} of the checks only the grader runs (required: how
+    many must pass for the lab to pass): counted from hidden_checks.py when it is there,
+    else as lab.json records them (a learner's copy)."""
     folder = Path(folder)
     if (folder / HIDDEN_CHECKS_FILE).is_file():
         saved = list(sys.path)
@@ -112,10 +113,12 @@ def hidden_summary(folder: Path) -> dict:
                          collect_checks(_load_hidden(folder, load_checks(folder)))]
         finally:
             sys.path[:] = saved
-        return {"count": len(specs), "points": sum(s.points for s in specs)}
+        return {"count": len(specs), "points": sum(s.points for s in specs),
+                "required": sum(s.required for s in specs)}
     config = folder / "lab.json"
     recorded = json.loads(config.read_text()).get("hidden_checks", {}) if config.is_file() else {}
-    return {"count": int(recorded.get("count", 0)), "points": float(recorded.get("points", 0))}
+    return {"count": int(recorded.get("count", 0)), "points": float(recorded.get("points", 0)),
+            "required": int(recorded.get("required", 0))}
 
 
 def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
@@ -140,7 +143,8 @@ def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
 
 def format_result(r: CheckResult) -> str:
     """One check as text: its score and title, then its parts."""
-    return "\n".join([f"{r.score:g}/{r.points:g}  {r.name}{'  (hidden check)' if r.hidden else ''}",
+    return "\n".join([f"{r.score:g}/{r.points:g}  {r.name}{'  (hidden check)' if r.hidden else ''}"
+                      f"{'  (required)' if r.required else ''}",
                       *("    " + line for line in r.output().splitlines())])
 
 
@@ -224,7 +228,9 @@ def run_checks(folder: str | os.PathLike = ".", *, quiet: bool = False,
         if more["count"] and not hidden:
             print(f"The grader also runs {more['count']} hidden check"
                   f"{'s' if more['count'] > 1 else ''} worth {more['points']:g} points, not in "
-                  "this copy: they measure the same fix in other cases.")
+                  "this copy: they measure the same fix in other cases"
+                  + (f"; {more['required']} of them must pass for the lab to pass."
+                     if more["required"] else "."))
     return results
 
 

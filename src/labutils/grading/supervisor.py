@@ -364,13 +364,14 @@ class Supervisor:
                     f"the checks ended (exit code {phase.exit_code}) before this one ran")
                 tests.append({"name": spec["name"], "max_score": spec["points"], "score": 0.0,
                               "status": "failed", "output": f"[FAIL] not measured: {why}",
-                              "visibility": spec["visibility"], "hidden": spec["hidden"]})
+                              "visibility": spec["visibility"], "hidden": spec["hidden"],
+                              "required": spec.get("required", False)})
                 continue
             check = CheckResult.from_json(result)
             tests.append({"name": check.name, "max_score": check.points, "score": check.score,
                           "status": "passed" if check.passed else "failed",
                           "output": check.output(), "visibility": spec["visibility"],
-                          "hidden": spec["hidden"]})
+                          "hidden": spec["hidden"], "required": spec.get("required", False)})
         return tests, runs, grader_error
 
     def grade(self) -> dict:

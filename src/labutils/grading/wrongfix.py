@@ -69,12 +69,22 @@ class Scored:
     fix: WrongFix
     fraction: float          # of the lab's points, with the notebook's counted as earned
     bound: float
-    checks: list[dict] = field(default_factory=list)   # name, score, points, hidden
+    checks: list[dict] = field(default_factory=list)   # name, score, points, hidden, required
     error: str = ""
+    pass_mark: float = 0.6
+
+    @property
+    def required_failed(self) -> list[str]:
+        return [c["name"] for c in self.checks if c.get("required") and not c.get("passed")]
 
     @property
     def caught(self) -> bool:
-        return not self.error and self.fraction < self.bound - 1e-9
+        """Below its bound; or, where the bound is the pass mark (the fix must fail the
+        lab), failing a required check, which fails the lab at any score."""
+        if self.error:
+            return False
+        failing_lab = self.bound >= self.pass_mark - 1e-9 and bool(self.required_failed)
+        return self.fraction < self.bound - 1e-9 or failing_lab
 
 
 def catalogue(lab: str | os.PathLike) -> list[WrongFix]:
@@ -173,9 +183,10 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
                 error = message.get("error") or ("" if tests else "the checks did not run")
                 rows.append(Scored(
                     fix=fixes[i], fraction=(total - _lost(tests)) / total if total else 0.0,
-                    bound=bounds[i], error=error,
+                    bound=bounds[i], error=error, pass_mark=the_lab.pass_mark,
                     checks=[{"name": t["name"], "score": t["score"], "points": t["points"],
-                             "hidden": t.get("hidden", False)} for t in tests]))
+                             "hidden": t.get("hidden", False), "passed": t.get("passed", False),
+                             "required": t.get("required", False)} for t in tests]))
                 if on_row is not None:
                     on_row(rows[-1])
         finally:
@@ -221,6 +232,8 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
 def format_row(r: Scored) -> str:
     verdict = "caught" if r.caught else ("ERROR" if r.error else "PASSES")
     line = f"  {verdict:7} {r.fraction:5.3f} (must stay < {r.bound:g})  {r.fix.name}"
+    if r.required_failed and r.caught and r.fraction >= r.bound - 1e-9:
+        line += f"\n          fails the required check: {'; '.join(r.required_failed)}"
     return line + (f"\n          {r.error}" if r.error else "")
 
 
