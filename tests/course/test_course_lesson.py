@@ -85,3 +85,27 @@ def test_moved_plots_keep_their_old_path():
         assert getattr(old_path, name) is getattr(plots, name)
     with pytest.raises(AttributeError, match="plot_nothing"):
         old_path.plot_nothing  # noqa: B018
+
+
+@pytest.mark.parametrize(("version", "refused"), [
+    ("2.13.0", False), ("2.11.0+cu130", False), ("2.12.1", False), ("3.0.0", False),
+    ("2.10.2", True), ("1.13.1+cpu", True)])
+def test_a_lesson_on_a_torch_older_than_any_it_ran_with_is_refused_in_one_line(version, refused):
+    """Every lesson ran top to bottom with torch 2.11 (a GPU machine's) and 2.13 (the pin);
+    use(), which every lesson calls first, refuses an older one before anything runs."""
+    if not refused:
+        lesson.check_torch(version)
+        return
+    with pytest.raises(InputError) as caught:
+        lesson.check_torch(version)
+    message = str(caught.value)
+    assert "\n" not in message and "torch 2.11 or later" in message and version in message
+    assert "make lab" in message
+
+
+def test_use_checks_the_installed_torch_first(lessons, monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.9.0")
+    with pytest.raises(InputError, match="torch 2.11 or later"):
+        lesson.use(lessons[0])

@@ -27,6 +27,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -90,6 +91,29 @@ def package_name(folder: str | os.PathLike) -> str:
     return PREFIX + Path(folder).name.replace(".", "_")
 
 
+# The oldest torch every lesson has run with, top to bottom (2.11, on a GPU machine; the
+# project pins 2.13): lessons 02 and 07 take 2.13's new collective names where they exist.
+OLDEST_TORCH = (2, 11)
+
+
+def check_torch(version: str | None = None) -> None:
+    """Refuse, in one line, a torch older than every lesson has run with."""
+    if version is None:
+        from importlib.metadata import PackageNotFoundError, version as installed
+
+        try:
+            version = installed("torch")
+        except PackageNotFoundError:
+            raise InputError("torch", expected="torch installed", given=None,
+                             fix="run `make lab` (it installs the pinned torch 2.13.0)") from None
+    parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
+    if len(parts) == 2 and tuple(parts) < OLDEST_TORCH:
+        oldest = ".".join(map(str, OLDEST_TORCH))
+        raise InputError("torch", expected=f"torch {oldest} or later (the lessons ran on "
+                         f"{oldest} and 2.13)", given=version,
+                         fix="install the pinned torch 2.13.0 (`make lab`), or torch>=" + oldest)
+
+
 def use(folder: str | os.PathLike) -> None:
     """Make a lesson folder's modules importable by their plain names (import lesson03),
     each loaded once under its unique name lessons.<folder>.<module>.
@@ -101,6 +125,7 @@ def use(folder: str | os.PathLike) -> None:
     Args:
         folder: the lesson folder, relative to the working directory or absolute.
     """
+    check_torch()
     path = Path(folder).resolve()
     if not path.is_dir() or not any(path.glob("*.py")):
         raise InputError("folder", expected="a lesson folder with .py files", given=str(folder),
