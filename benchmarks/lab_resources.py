@@ -2,6 +2,7 @@
 peak memory, for the solution and for the learner's copy as released (the starter).
 
     .venv/bin/python benchmarks/lab_resources.py [--labs LAB ...] [--json FILE] [--write]
+    .venv/bin/python benchmarks/lab_resources.py --cpus 0.5 --labs LAB ... --json FILE
 
 Each grading is `labutils grade` in a process of its own, pinned to one core (the
 grader sees one core and stretches the labs' hang timeouts as it would on a one-core
@@ -13,6 +14,12 @@ mapped from files, which the kernel can drop and read again);
 the cgroup's own high-water mark, which also counts the page cache of every file read
 (torch's libraries), is kept as cgroup_peak_mb. CPU time is the cgroup's total. Needs
 root and cgroups (v1 here; v2's memory.peak and cpu.stat where v1 is absent).
+
+--cpus F (below 1) also caps the grading at F of that core with the cpu cgroup's CFS
+quota, as Gradescope's default 0.5 vCPU container does: the grader reads the quota and
+stretches the labs' hang timeouts (four times at half a CPU); the figures then say
+whether every solution still scores full marks there. Only --json keeps them (--write
+stores one-core figures alone).
 
 --write stores the figures in labs/resources.json; `labutils autograder` prints them
 in the zip's README with the Gradescope settings they call for.
@@ -54,12 +61,22 @@ def _own_cgroup(controller: str) -> Path:
 class Meter:
     """A fresh memory cgroup and cpuacct cgroup; the process started in them is measured."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cpus: float = 1.0) -> None:
         self.v2 = not (CGROUP / "memory").is_dir()
         parents = [_own_cgroup("memory")] if self.v2 else [_own_cgroup("memory"), _own_cgroup("cpuacct")]
+        if cpus < 1 and not self.v2 and _own_cgroup("cpu").resolve() != _own_cgroup("cpuacct").resolve():
+            parents.append(_own_cgroup("cpu"))  # v1 with cpu and cpuacct mounted apart
         self.groups = [p / name for p in parents]
         for g in self.groups:
             g.mkdir()
+        if cpus < 1:
+            period = 100_000
+            if self.v2:
+                (self.groups[0] / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+            else:
+                quota = self.groups[-1]
+                (quota / "cpu.cfs_period_us").write_text(str(period))
+                (quota / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
 
     def enter(self) -> None:  # in the child, before exec
         for g in self.groups:
@@ -104,8 +121,8 @@ class Meter:
                     time.sleep(0.1)
 
 
-def measure(lab: str, kind: str, submission: Path, out: Path) -> dict:
-    meter = Meter(f"labutils-resources-{os.getpid()}-{lab}-{kind}")
+def measure(lab: str, kind: str, submission: Path, out: Path, cpus: float = 1.0) -> dict:
+    meter = Meter(f"labutils-resources-{os.getpid()}-{lab}-{kind}", cpus)
     try:
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "labutils", "grade", str(REPO / "labs" / lab),
@@ -142,7 +159,11 @@ def main() -> int:
     p.add_argument("--labs", nargs="+", default=labs_all, choices=labs_all, metavar="LAB")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
     p.add_argument("--write", action="store_true", help=f"store them in {RESOURCES.relative_to(REPO)}")
+    p.add_argument("--cpus", type=float, default=1.0,
+                   help="the share of the one core each grading may use (CFS quota), e.g. 0.5")
     ns = p.parse_args()
+    if not 0 < ns.cpus <= 1 or (ns.write and ns.cpus != 1):
+        p.error("--cpus: expected a share of one core, 0 < F <= 1 (and --write with one whole core only)")
     if os.geteuid() != 0:
         print("lab_resources.py: needs root, to make cgroups; run it with sudo", file=sys.stderr)
         return 2
@@ -157,7 +178,7 @@ def main() -> int:
             starter = release(REPO / "labs" / lab, work / "released" / lab, verify=False, progress=None)
             rows[lab] = {}
             for kind, sub in (("solution", REPO / "solutions" / lab / f"{lab}.ipynb"), ("starter", starter)):
-                fig = measure(lab, kind, sub, work / "grades" / lab / kind)
+                fig = measure(lab, kind, sub, work / "grades" / lab / kind, ns.cpus)
                 rows[lab][kind] = fig
                 ok &= fig["as_expected"]
                 print(f"{lab:28} {kind:10} {fig['wall_s']:9.1f} {fig['cpu_s']:8.1f} {fig['peak_mb']:10.0f} "
@@ -166,9 +187,11 @@ def main() -> int:
                       flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    doc = {"measured": str(date.today()), "cores": 1,
+    doc = {"measured": str(date.today()), "cores": ns.cpus,
            "machine": f"{platform.processor() or platform.machine()}, load {load:.2f} before",
-           "command": "sudo .venv/bin/python benchmarks/lab_resources.py --write", "labs": rows}
+           "command": "sudo .venv/bin/python benchmarks/lab_resources.py "
+                      + (f"--cpus {ns.cpus:g} --labs {' '.join(ns.labs)} --json FILE" if ns.cpus != 1
+                         else "--write"), "labs": rows}
     if ns.json:
         ns.json.write_text(json.dumps(doc, indent=1) + "\n")
     if ns.write:

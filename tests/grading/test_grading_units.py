@@ -372,8 +372,30 @@ def test_the_grader_counts_the_cpus_its_cgroup_allows(tmp_path, monkeypatch, fil
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    assert procs.available_cpus(str(tmp_path)) == expected
+    assert procs.available_cpus(str(tmp_path), membership="") == expected
     assert procs.hang_scale(expected) == max(1.0, 2.0 / expected)
+
+
+@pytest.mark.parametrize(("membership", "files", "expected"), [
+    # v1, cpu and cpuacct mounted apart: a cgroup nested under the machine's
+    ("2:cpuacct:/\n1:cpu:/grading/job\n0::/\n",
+     {"cpu/grading/job/cpu.cfs_quota_us": "50000\n", "cpu/grading/job/cpu.cfs_period_us": "100000\n",
+      "cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
+    # a parent's quota caps its children too
+    ("1:cpu,cpuacct:/a/b\n", {"cpu,cpuacct/a/cpu.cfs_quota_us": "75000\n",
+                              "cpu,cpuacct/a/cpu.cfs_period_us": "100000\n"}, 0.75),
+    # v2: the process's own cgroup, and the root's
+    ("0::/box\n", {"box/cpu.max": "25000 100000\n", "cpu.max": "max 100000\n"}, 0.25),
+])
+def test_the_grader_reads_the_quota_of_its_own_cgroup_and_its_parents(
+        tmp_path, monkeypatch, membership, files, expected):
+    from labutils.grading import procs
+
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda pid: {0, 1})
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert procs.available_cpus(str(tmp_path), membership=membership) == expected
 
 
 def test_a_grader_on_half_a_cpu_gives_the_notebook_four_times_the_hang_timeout(monkeypatch):

@@ -134,28 +134,49 @@ def folder_bytes(path: str | os.PathLike, *, limit: int) -> int:
 LAB_CPUS = 2.0   # the labs' hang timeouts are set for a 2-core machine
 
 
-def available_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
-    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (v2's
-    cpu.max, v1's cpu.cfs_quota_us), e.g. 0.5 in Gradescope's default container."""
+def available_cpus(cgroup_root: str = "/sys/fs/cgroup", membership: str | None = None) -> float:
+    """CPUs this process may use: its affinity, capped by every CPU quota on the way from
+    its own cgroup up to the root (v2's cpu.max, v1's cpu.cfs_quota_us): 0.5 in
+    Gradescope's default container, whose cgroup is the root it sees, or in a cgroup
+    nested under the machine's (benchmarks/lab_resources.py --cpus 0.5).
+
+    membership: /proc/self/cgroup's text (read when None)."""
     cpus = float(len(os.sched_getaffinity(0)))
     root = Path(cgroup_root)
-    try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, int(quota) / int(period))
-        return cpus
-    except (OSError, ValueError):
-        pass
-    for folder in (root / "cpu,cpuacct", root / "cpu"):
+    if membership is None:
         try:
-            quota_us = int((folder / "cpu.cfs_quota_us").read_text())
-            period_us = int((folder / "cpu.cfs_period_us").read_text())
+            membership = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            membership = ""
+    own: dict[str, str] = {}  # controller ("" for v2) -> this process's cgroup path
+    for line in membership.splitlines():
+        _, names, path = (line.split(":", 2) + ["", ""])[:3]
+        for name in names.split(",") if names else [""]:
+            own[name] = path.strip("/")
+
+    def up(base: Path, path: str) -> list[Path]:
+        """base/path and each of its parents, down to base."""
+        parts = [part for part in path.split("/") if part]
+        return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+    quotas: list[float] = []
+    for folder in up(root, own.get("", "")):  # v2
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
         except (OSError, ValueError):
             continue
-        if quota_us > 0 and period_us > 0:
-            cpus = min(cpus, quota_us / period_us)
-        break
-    return cpus
+        if quota != "max":
+            quotas.append(int(quota) / int(period))
+    for mount in ("cpu,cpuacct", "cpu"):  # v1
+        for folder in up(root / mount, own.get("cpu", "")):
+            try:
+                quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+                period_us = int((folder / "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                continue
+            if quota_us > 0 and period_us > 0:
+                quotas.append(quota_us / period_us)
+    return min([cpus, *quotas])
 
 
 def hang_scale(cpus: float | None = None) -> float:
