@@ -99,7 +99,8 @@ OLDEST_TORCH = (2, 11)
 def check_torch(version: str | None = None) -> None:
     """Refuse, in one line, a torch older than every lesson has run with."""
     if version is None:
-        from importlib.metadata import PackageNotFoundError, version as installed
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as installed
 
         try:
             version = installed("torch")
