@@ -178,4 +178,7 @@ class OtherLoad:
         """The other process that took the most CPU (after finish()): its command line, CPU-s."""
         spent = {key: cpu - self.seen[key] for key, (cpu, _) in self.last.items()}
         key = max(spent, key=spent.get, default=None)
-        return None if key is None or spent[key] <= 0 else (self.commands.get(key, ""), spent[key])
+        if key is None or spent[key] <= 0:
+            return None
+        # a kernel thread has no command line: its name then
+        return self.commands.get(key) or f"[{self.last[key][1]}]", spent[key]
