@@ -111,6 +111,17 @@ class Meter:
             return int(stat["usage_usec"]) / 1e6
         return int((self.groups[1] / "cpuacct.usage").read_text()) / 1e9
 
+    def left(self) -> list[str]:
+        """The processes still in the cgroup: "pid command" each."""
+        out = []
+        for pid in (self.groups[0] / "cgroup.procs").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+            except OSError:
+                continue
+            out.append(f"{pid} {cmd.strip()}")
+        return out
+
     def close(self) -> None:
         for g in self.groups:
             for _ in range(50):
@@ -135,9 +146,13 @@ def measure(lab: str, kind: str, submission: Path, out: Path, cpus: float = 1.0)
             time.sleep(0.2)
         wall = time.monotonic() - t0
         output = proc.stdout.read() if proc.stdout else ""
+        time.sleep(1.0)  # `labutils grade` has returned: nothing of the grading may remain
+        left = meter.left()
         figures = {"wall_s": round(wall, 1), "cpu_s": round(meter.cpu_s(), 1),
                    "peak_mb": round(peak), "anon_peak_mb": round(anon),
                    "cgroup_peak_mb": round(meter.peak_mb())}
+        if left:
+            figures["left_behind"] = left
     finally:
         meter.close()
     results = sorted(out.glob("*/results.json"))
@@ -145,9 +160,10 @@ def measure(lab: str, kind: str, submission: Path, out: Path, cpus: float = 1.0)
     passed = data.get("extra_data", {}).get("passed")
     figures["score"] = f"{data.get('score', 0):g}/{data.get('max_score', 0):g}"
     figures["as_expected"] = bool(results) and passed == (kind == "solution") and (
-        kind != "solution" or data.get("score") == data.get("max_score"))
+        kind != "solution" or data.get("score") == data.get("max_score")) and not left
     if not figures["as_expected"]:
-        figures["problem"] = output.strip().splitlines()[-1:] or ["no results"]
+        figures["problem"] = ([f"processes left 1 s after the grading: {left}"] if left else
+                              output.strip().splitlines()[-1:] or ["no results"])
     return figures
 
 
