@@ -107,10 +107,10 @@ def process_table() -> dict[tuple[int, int], tuple[int, float, str]]:
 class OtherLoad:
     """CPU seconds taken by processes that are not ``root`` or under it, sampled every
     ``every`` seconds by a thread: what else kept the machine busy while ``root`` ran
-    (a neighbour, a process left behind by an earlier pass). A process whose environment
-    holds ``token`` is ours wherever it hangs (a warm server leaves the caller's tree on
-    purpose, and its ranks with it). A process that starts and ends between two samples
-    is missed."""
+    (a neighbour, a process left behind by an earlier pass). A process once seen under
+    ``root``, or whose environment holds ``token``, stays ours wherever it hangs later
+    (a warm server and its ranks are re-parented outside the tree when their caller
+    ends). A process that starts and ends between two samples is missed."""
 
     def __init__(self, root: int, every: float = 1.0, token: bytes | None = None) -> None:
         import threading

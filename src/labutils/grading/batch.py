@@ -246,7 +246,6 @@ class Batch:
             result.update(tests=_failed_tests(self.lab, why), notebook={"status": "not_run"})
         else:
             result.update(payload)
-        score, max_score = report.totals(result["tests"])
         result["passed"] = report.passes(result["tests"], self.lab.pass_mark)
         result["duration_s"] = round(time.monotonic() - t0, 2)
         executed = result.pop("executed_notebook", None)

@@ -94,6 +94,9 @@ def _has_gpu() -> bool:
         return False
 
 
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
 def import_env(env: dict[str, str]) -> dict[str, str]:
     """The variables of env a forked rank would see with its server's values.
 
@@ -107,9 +110,6 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
     if out.get(INDUCTOR_CACHE) == inductor_default_cache_dir():
         del out[INDUCTOR_CACHE]
     return out
-
-
-INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def inductor_default_cache_dir() -> str:
