@@ -61,13 +61,14 @@ test-image: setup
 
 # Lint and type-check src/, then the suite (without the image build: make test-image):
 # everything that does not assert a time or a rate on every core (a test file stays on
-# one worker: module fixtures run once), then the serial tests and the lessons' notebooks
-# on a quiet machine. pytest's status 5
+# one worker: module fixtures run once; files are handed out in the order
+# tests/conftest.py gives them, longest first, not xdist's by number of tests), then
+# the serial tests and the lessons' notebooks that measure, on a quiet machine. pytest's status 5
 # (nothing selected: PYTEST_ARGS named only serial or only parallel tests) is no failure.
 test: setup
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial and not image" $(DURATIONS) $(PYTEST_ARGS); \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial and not image" $(DURATIONS) $(PYTEST_ARGS); \
 	    status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 	$(PY) -m pytest -m "serial and not image" $(DURATIONS) $(PYTEST_ARGS); status=$$?; [ $$status -eq 0 ] || [ $$status -eq 5 ]
 
