@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -38,20 +37,35 @@ def _ours(pid: str) -> bool:
 SERVER = "labutils.runtime.server"
 
 
+def _processes() -> list[tuple[str, str, str, str]]:
+    """(pid, ppid, state, command line) of every process, read from /proc: what
+    `ps -eo pid,ppid,stat,args` gives, without starting a process twice per test."""
+    rows = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # it ended meanwhile
+            continue
+        rows.append((pid, fields[1].decode(), fields[0].decode(), line))
+    return rows
+
+
 def distributed_pids() -> list[str]:
     """Processes of ours that must not outlive a test: torchrun agents, ranks, and
     whatever a rank started (they all inherit the run folder's variable); and what a
     warm server forked (keepers, agents and ranks of warm runs carry the server's
     command line: any process with it whose parent has it too, or that lost its parent).
     A warm server itself lives as long as its caller, this test session."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True,
-                         text=True).stdout
-    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
-    args = {row[0]: row[3] if len(row) > 3 else "" for row in rows}
+    rows = _processes()
+    args = {pid: line for pid, _, _, line in rows}
     found = []
-    for pid, ppid, stat, *rest in rows:
-        line = rest[0] if rest else ""
-        if stat.startswith("Z") or "ps -eo" in line:
+    for pid, ppid, stat, line in rows:
+        if stat.startswith("Z"):
             continue
         named = ("labutils.runtime.agent" in line or "labutils.runtime.worker" in line
                  or "torch.distributed.run" in line)
