@@ -9,7 +9,10 @@ PYTEST_ARGS ?=
 # Each pass ends with its slowest tests, so a CI log says where the time went.
 DURATIONS := --durations=25
 # pytest workers of the parallel pass (pytest-xdist); the serial pass runs alone after it.
-PYTEST_WORKERS ?= 2
+# Three on two cores: most test files wait more than they compute (hang timeouts,
+# rendezvous, a browser), about 0.6-0.9 of a core each, so two workers left a core
+# idle a third of the pass (benchmarks/suite_timeline.py measures it).
+PYTEST_WORKERS ?= 3
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
