@@ -62,14 +62,19 @@ def _own_group(worker: str) -> Path | None:
 
 
 _controller = False  # xdist's controller hears every worker's logstart/logfinish too
+_worker = "main"
 
 
 def pytest_configure(config):
-    global _group, _controller
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    _controller = worker is None and bool(getattr(config.option, "numprocesses", None))
-    if worker and os.environ.get("SUITE_TIMELINE"):
-        _group = _own_group(worker)
+    # a worker is told so by xdist (workerinput), not by its environment: a pytest run
+    # from inside a worker inherits that worker's PYTEST_XDIST_WORKER
+    global _group, _controller, _worker
+    workerinput = getattr(config, "workerinput", None)
+    _controller = workerinput is None and bool(getattr(config.option, "numprocesses", None))
+    if workerinput is not None:
+        _worker = workerinput["workerid"]
+        if os.environ.get("SUITE_TIMELINE"):
+            _group = _own_group(_worker)
 
 
 def pytest_unconfigure(config):
@@ -92,7 +97,7 @@ def pytest_runtest_logfinish(nodeid, location):
     if not out or _controller or t0 is None:
         return
     with open(out, "a") as f:
-        f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        f.write(json.dumps({"worker": _worker,
                             "test": nodeid, "start": t0, "end": time.time(),
                             "cpu_s": round(_cpu_s() - cpu0, 3)}) + "\n")
 
