@@ -10,11 +10,12 @@ weak:   every rank keeps BATCH samples (the 1-rank problem), so the global batch
 DDP gets one bucket for all 4 MiB of gradients (bucket_cap_mb above the model's size):
 its single all-reduce starts when backward has finished, nothing overlaps, and a step
 is compute + all-reduce. Steps alternate between a normal DDP step and the same step
-inside ddp.no_sync() (no all-reduce: the compute alone), so both see the same load;
-the medians are reported. Then the all-reduce alone: one float (the cost of a call,
-bytes aside) and the gradients' size, the fastest of several calls each: the wire and the
-software set a floor, and anything else on the machine can only add to it. Each rank
-uses one thread.
+inside ddp.no_sync() (no all-reduce: the compute alone), and between the strong and the
+weak batch, so all four see the same load; the medians are reported. At 1 rank the two
+modes are one measurement, the baseline of both efficiencies. Then the all-reduce alone:
+one float (the cost of a call, bytes aside) and the gradients' size, the fastest of
+several calls each: the wire and the software set a floor, and anything else on the
+machine can only add to it. Each rank uses one thread.
 """
 
 import os
@@ -30,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from labutils.dist import init, report
 
 BATCH = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = 8, 2
 
 rank, world_size, device = init()
 torch.set_num_threads(1)
@@ -48,13 +49,16 @@ def step(x, y) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def measure(per_rank_batch: int) -> tuple[float, float]:
-    """Median seconds of a DDP step and of the same step under no_sync (compute only)."""
-    x = torch.randn(per_rank_batch, 512, device=device)
-    y = torch.randint(0, 10, (per_rank_batch,), device=device)
-    with_comm, compute = [], []
+def measure(batches: dict[str, int]) -> dict[str, tuple[float, float]]:
+    """Per mode, the median seconds of a DDP step and of the same step under no_sync
+    (compute only). Each round runs all of them in turn, so a moment of load on the
+    machine lands on every mode alike."""
+    data = {mode: (torch.randn(b, 512, device=device), torch.randint(0, 10, (b,), device=device))
+            for mode, b in batches.items()}
+    times = {(mode, sync): [] for mode in batches for sync in (True, False)}
     for i in range(WARMUP + STEPS):
-        for sync, times in ((True, with_comm), (False, compute)):
+        for (mode, sync), seconds in times.items():
+            x, y = data[mode]
             dist.barrier()
             t0 = time.perf_counter()
             if sync:
@@ -63,8 +67,9 @@ def measure(per_rank_batch: int) -> tuple[float, float]:
                 with ddp.no_sync():  # forward and backward inside: no all-reduce
                     step(x, y)
             if i >= WARMUP:
-                times.append(time.perf_counter() - t0)
-    return statistics.median(with_comm), statistics.median(compute)
+                seconds.append(time.perf_counter() - t0)
+    return {mode: (statistics.median(times[mode, True]), statistics.median(times[mode, False]))
+            for mode in batches}
 
 
 def allreduce_seconds(numel: int, calls: int) -> float:
@@ -80,8 +85,12 @@ def allreduce_seconds(numel: int, calls: int) -> float:
     return min(times)
 
 
-strong_step, strong_compute = measure(BATCH // world_size)
-weak_step, weak_compute = measure(BATCH)
+if world_size == 1:  # one problem: both modes share one measurement, so one baseline
+    measured = measure({"strong": BATCH})
+    measured["weak"] = measured["strong"]
+else:
+    measured = measure({"strong": BATCH // world_size, "weak": BATCH})
+(strong_step, strong_compute), (weak_step, weak_compute) = measured["strong"], measured["weak"]
 report(strong_step_s=strong_step, strong_compute_s=strong_compute, weak_step_s=weak_step,
        weak_compute_s=weak_compute,
        tiny_allreduce_s=allreduce_seconds(1, calls=20),  # the per-call cost, bytes aside

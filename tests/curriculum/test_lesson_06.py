@@ -206,6 +206,17 @@ def test_scaling_script_on_a_shaped_two_host_cluster(runs_dir, lesson06):
         assert point[f"{mode}_step_s"] == pytest.approx(point[f"{mode}_compute_s"] + model, rel=0.25)
 
 
+def test_scaling_script_at_one_rank_measures_one_baseline_for_both_modes(runs_dir):
+    """At 1 rank strong and weak are one problem: one measurement, so both efficiencies
+    divide the same T1 (measured twice, a moment of load could put strong above weak)."""
+    run = launch(LESSON / "scaling.py", 1, args=["256"], display="none", timeout=120)
+    assert run.ok, run.headline()
+    (rec,) = run.records
+    assert rec["batch"] == 256
+    assert (rec["strong_step_s"], rec["strong_compute_s"]) == (rec["weak_step_s"], rec["weak_compute_s"])
+    assert 0 < rec["strong_compute_s"] <= rec["strong_step_s"] * 1.5
+
+
 # ------------------------------------------------------------ beyond one machine
 def _two_node_records(steps=4, payload=1 << 18):
     return [{"rank": r, "group_rank": r // 2, "local_rank": r % 2, "local_world_size": 2,
