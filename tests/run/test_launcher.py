@@ -201,6 +201,27 @@ def test_script_args_and_sys_exit_code(runs_dir, write_script):
     assert result.failure.rank == 0 and result.failure.exc_type == "SystemExit"
 
 
+def test_torchruns_own_log_folder_is_in_the_run_folder(runs_dir, write_script):
+    """torchrun's --log-dir is the run folder's elastic/: a script using torch's @record
+    leaves its error.json there, and nothing is made in /tmp (torchrun's own default,
+    never removed: a folder per run)."""
+    script = write_script("recorded.py", """
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def main():
+            raise ValueError("recorded by torch")
+
+        main()
+    """)
+    result = launch(script, 1, display="none")
+    assert not result.ok and result.failure.exc_type == "ValueError"
+    command = (result.log_dir / "command.txt").read_text().splitlines()
+    assert command[command.index("--log-dir") + 1] == str(result.log_dir / "elastic")
+    (error_file,) = (result.log_dir / "elastic").glob("*/attempt_0/0/error.json")
+    assert "recorded by torch" in error_file.read_text()
+
+
 # ------------------------------------------------------------------ lifetimes
 
 def _pids_of_run(runs_dir: Path, world: int, timeout: float = 90) -> list[int]:

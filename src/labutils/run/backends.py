@@ -132,6 +132,7 @@ class LocalAgents(Backend):
                  run_id: str) -> None:
         self.spec = spec
         self.port, self.run_id = port, run_id
+        self.elastic_dir = runfiles.elastic_dir(run_dir)
         # "warm" (forked from this caller's warm server, run/warm.py) or "cold"; why cold
         self.start_reason = cold_reason(spec)
         self.start_kind = "cold" if self.start_reason else "warm"
@@ -142,7 +143,8 @@ class LocalAgents(Backend):
     def _commands(self) -> None:
         for agent in self.agents:
             agent.command = torchrun_command(self.spec, port=self.port, run_id=self.run_id,
-                                             agent=agent.index, warm=self.start_kind == "warm")
+                                             agent=agent.index, warm=self.start_kind == "warm",
+                                             log_dir=self.elastic_dir)
         self.command = self.agents[0].command
         self.commands = [a.command for a in self.agents]
 

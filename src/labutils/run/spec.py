@@ -268,7 +268,7 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
 
 
 def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0,
-                     warm: bool = False) -> list[str]:
+                     warm: bool = False, log_dir: Path | None = None) -> list[str]:
     """One agent's argument list (never a shell string).
 
     Every agent of a run on this machine gets the same rendezvous endpoint and id;
@@ -285,6 +285,8 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         warm: the agent is forked from a warm server (labutils.run.warm): it starts the
             ranks with torchrun's function entry point (--run-path, the worker bootstrap
             run by path) and start method fork instead of a new interpreter each.
+        log_dir: torchrun's --log-dir (runfiles.elastic_dir of the run folder); without
+            one torchrun makes a torchelastic_* folder in /tmp and leaves it there.
     """
     endpoint, rdzv_id, backend = f"127.0.0.1:{port}", run_id, "c10d"
     node = []
@@ -312,6 +314,7 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         *rdzv,
         "--max-restarts", str(spec.max_restarts),
         "--monitor-interval", "0.1",
+        *(["--log-dir", str(log_dir)] if log_dir is not None else []),
         *(["--run-path", "--start-method", "fork", WORKER_PATH] if warm
           else ["-m", "labutils.runtime.worker"]),
         str(spec.script), *spec.args,

@@ -22,6 +22,9 @@ A run folder looks like this::
         rank0/stacks.txt     Python stacks dumped on request (hang reports)
         rank0/ended-stacks.txt  Python stacks dumped as SIGTERM ended the rank (where a
                              rank torchrun stopped was waiting: collective mismatches)
+        elastic/             torchrun's --log-dir: a folder per agent and attempt, where a
+                             script decorated with torch's @record leaves error.json
+                             (without it torchrun makes one in /tmp and never removes it)
 
 Events are JSON objects, one per line, written with a single write() so a
 reader never sees half of one. This module must stay import-light: the worker
@@ -105,6 +108,11 @@ def endings_files(run_dir: str | os.PathLike) -> list[Path]:
 
 def agent_log_path(run_dir: str | os.PathLike, agent: int | str) -> Path:
     return Path(run_dir) / ("agent.log" if agent == 0 else f"agent{agent}.log")
+
+
+def elastic_dir(run_dir: str | os.PathLike) -> Path:
+    """torchrun's --log-dir for the run's agents (each makes a folder of its own in it)."""
+    return Path(run_dir) / "elastic"
 
 
 def agent_logs(run_dir: str | os.PathLike) -> list[Path]:
