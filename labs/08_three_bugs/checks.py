@@ -6,7 +6,9 @@ Run them yourself from this folder (the grader runs the same ones):
 
 Each check measures one bug, whatever the state of the other two: the data each rank
 trained on; the weights against one process taking the same steps (built from the
-items the ranks reported, so the data bug does not change it); the saved checkpoint.
+items each rank's DataLoader handed it, so the data bug does not change it); the saved
+checkpoint. What the script reports is for you to read: the checks measure the data
+themselves (the grader's "data" probe reads each batch's indices from the DataLoader).
 """
 
 import hashlib
@@ -28,14 +30,19 @@ def _args(case: dict) -> list:
 
 
 def _run(c, nproc, case=CASE):
-    return c.run("train.py", nproc, args=_args(case), measure=["weights"])
+    return c.run("train.py", nproc, args=_args(case), measure=["weights", "data"])
 
 
 def _batches(run) -> dict:
-    """step -> (epoch, rank -> the items of that rank's batch)."""
+    """step -> (pass, rank -> the items of that rank's batch), as the grader's probe saw
+    each rank's DataLoader hand them over (a pass is one loop over the loader: an
+    epoch), whatever the script reports."""
     steps = {}
-    for row in run.rows("epoch", "step", "indices"):
-        steps.setdefault(row["step"], (row["epoch"], {}))[1][row["rank"]] = row["indices"]
+    for rank, record in run.probe("data").items():
+        for step, batches in enumerate(record["steps"]):
+            items = [i for _, indices in batches for i in indices]
+            epoch = batches[-1][0] if batches else -1
+            steps.setdefault(step, (epoch, {}))[1][rank] = items
     return steps
 
 
@@ -52,7 +59,7 @@ def _data_parts(c, run, nproc: int, case: dict) -> None:
         twice, never = sum(n > 1 for n in counts.values()), items - len(counts)
         if twice or never or len(shares.get(epoch, {})) != nproc:
             problems.append(f"epoch {epoch}: {twice} items trained on more than once, "
-                            f"{never} never, reports from {len(shares.get(epoch, {}))} ranks")
+                            f"{never} never, batches from {len(shares.get(epoch, {}))} ranks")
     c.expect(not problems, f"{nproc} ranks: each of the {items} items once per epoch",
              measured="; ".join(problems[:2]) or f"every epoch covers the {items} items once",
              expected=f"each epoch, the ranks' shares are disjoint and cover all {items} items")
@@ -72,9 +79,10 @@ def _weights_part(c, run, nproc: int, case: dict) -> None:
     steps = _batches(run)
     short = [s for s, (_, ranks) in steps.items() if len(ranks) != nproc]
     if not steps or short:
-        c.expect(False, f"{nproc} ranks: the steps each rank reported",
-                 measured=f"steps {short[:5]} reported by fewer than {nproc} ranks" if short
-                 else "no step reported", expected="report(step=..., indices=...) on every rank")
+        c.expect(False, f"{nproc} ranks: the steps each rank took",
+                 measured=f"steps {short[:5]} taken by fewer than {nproc} ranks" if short
+                 else "no optimizer step taken on a batch from a DataLoader",
+                 expected="every rank takes each step on a batch from its DataLoader")
         return
     # the global batch of step k: every rank's batch of step k, together
     batches = [[i for rank in sorted(ranks) for i in ranks[rank]]

@@ -52,4 +52,13 @@ WRONG_FIXES = [
         "model.module saved, but before training",
         why="the checkpoint loads with strict=True, and holds the initial weights",
         edits={"train.py": [(SAVE, ""), ("step = 0\n", SAVE + "\nstep = 0\n")]}),
+    WrongFix(
+        "no set_epoch, and reports the items a set_epoch would have given",
+        why="the checks read the batches from each rank's DataLoader, not from report()",
+        edits={"train.py": [
+            (SAMPLER, SAMPLER + "\nclaimed = DistributedSampler(dataset, shuffle=True, seed=args.seed)"),
+            (SET_EPOCH, "    claimed.set_epoch(epoch)  # what the report will say\n"
+                        "    said = list(claimed)\n"),
+            ("    for x, y, index in loader:\n", "    for k, (x, y, index) in enumerate(loader):\n"),
+            ("indices=index.tolist()", "indices=said[k * args.batch_size:(k + 1) * args.batch_size]")]}),
 ]

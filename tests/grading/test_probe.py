@@ -121,3 +121,61 @@ def test_the_probe_measures_inside_the_ranks_and_cannot_be_forged(tmp_path):
     assert ["send", 20] in traffic[0]["operations"]
     assert ["recv", 20] in traffic[1]["operations"]
     assert not any(name == "send" for name, _ in traffic[1]["operations"])
+
+
+DATA_SCRIPT = textwrap.dedent('''
+    import sys
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from labutils.dist import init, report
+
+    rank, world, _ = init()
+    workers, persistent = int(sys.argv[1].rstrip("p")), sys.argv[1].endswith("p")
+    data = TensorDataset(torch.arange(12, dtype=torch.float32).unsqueeze(1))
+    sampler = DistributedSampler(data, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=workers,
+                        persistent_workers=persistent)
+    model = DDP(torch.nn.Linear(1, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for k, (x,) in enumerate(loader):
+            model(x).sum().backward()
+            if k % 3 == 2:  # three batches a step: accumulation
+                opt.step()
+                opt.zero_grad()
+        report(probe="data", steps=[[[0, [0, 1, 2]]]])  # a forgery: dropped
+    next(iter(loader))  # a batch taken after the last step
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", ["0", "2", "2p"])  # 2p: persistent workers
+def test_the_data_probe_sees_each_batch_a_dataloader_hands_over(tmp_path, workers):
+    """The sampler's indices of every batch, grouped by optimizer step, with the pass
+    (the loop over the loader) they came from; loader workers fetch ahead (and a
+    persistent worker's iterator is reset for each pass), and the probe still gives each
+    batch its own indices. What the script reports as the probe's is
+    dropped."""
+    from torch.utils.data import DistributedSampler
+
+    script = tmp_path / "script.py"
+    script.write_text(DATA_SCRIPT)
+    result = launch_measured(script, 2, measure=["data"], args=[workers], display="none",
+                             hang_timeout=30, timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    data = Run(label="script.py", result=result, learner_dir=tmp_path).probe("data")
+    for rank in (0, 1):
+        steps = []
+        for epoch in range(2):
+            sampler = DistributedSampler(range(12), num_replicas=2, rank=rank, shuffle=True, seed=3)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            batches = [[epoch, order[i:i + 2]] for i in range(0, 6, 2)]
+            steps.append(batches)
+        assert data[rank]["steps"] == steps
+        assert data[rank]["after_last_step"] == [[2, steps[1][0][1]]]  # a third pass, still epoch 1

@@ -31,7 +31,12 @@ when the script ends well, sends what it measured with report(probe=...):
   and the rank's own device (its DDP model's). Paths inside the working directory
   are relative to it. A check can tell from them which ranks write a checkpoint,
   and whether they load it onto their own device (on GPUs, a load without
-  map_location puts every rank's tensors on the GPU they were saved from).
+  map_location puts every rank's tensors on the GPU they were saved from);
+- data: the dataset indices of every batch a DataLoader handed this rank, grouped by
+  optimizer step (the batches taken since the step before), each with its pass: the
+  how-manieth iteration over a DataLoader it came from (a new pass is one `for ... in
+  loader`, an epoch in most scripts). Read from the loader's own sampler as it yields,
+  so a check sees the data each rank was given, not what its script reports.
 
 Only the probe's records count as the probe's: launch_measured() hands each run a
 secret in the environment, which the probe takes out before the script starts and
@@ -49,7 +54,7 @@ from collections.abc import Callable
 
 from labutils.runtime.worker import run_as_main
 
-MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files")
+MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files", "data")
 SECRET_ENV = "LABUTILS_PROBE_SECRET"   # the run's secret, read and removed by the probe
 SIGNED = "signed"   # measure=["signed"]: the script is a lab's harness that signs (signer())
 TAG = "probe_tag"                      # the record's field that carries it
@@ -138,13 +143,19 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]  # the probe's wrapper
 
-    if measures & {"allreduce", "steps"}:
+    if "data" in measures:
+        state["data"] = _watch_batches()
+    if measures & {"allreduce", "steps", "data"}:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         state["steps"] = 0
 
         def after_step(optimizer, args, kwargs):
+            if "data" in state:  # the batches taken since the last step trained this one
+                data = state["data"]
+                data["steps"].append(data["taken"])
+                data["taken"] = []
             calls = sum(len(r.calls) for r in state["recorders"])
             state["per_step"].append(calls - state["counted"])
             state["counted"] = calls
@@ -160,6 +171,51 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
     if "files" in measures:
         state["files"] = _watch_files()
     return state
+
+
+def _watch_batches() -> dict:
+    """Wrap DataLoader iteration to note, in order, the sampler's indices of each batch
+    the rank is handed: {"steps": [[[pass, indices], ...] per optimizer step],
+    "taken": batches since the last step}. A loader asks its sampler for indices before
+    it fetches (ahead, and already while its iterator is made, with worker processes);
+    each iterator keeps what it asked for in order, from its last reset, and a batch
+    takes the oldest entry when it is handed over (torch hands batches in the order
+    asked, unless in_order=False)."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    seen: dict = {"steps": [], "taken": [], "passes": 0}
+    new_iterator, reset = DataLoader.__iter__, _BaseDataLoaderIter._reset
+    next_index, next_batch = _BaseDataLoaderIter._next_index, _BaseDataLoaderIter.__next__
+
+    def iterate(self):
+        iterator = new_iterator(self)
+        iterator._probe_pass = seen["passes"]
+        seen["passes"] += 1
+        return iterator
+
+    def restart(self, *args, **kwargs):  # a persistent iterator's new pass: asks anew
+        self._probe_asked = []
+        return reset(self, *args, **kwargs)
+
+    def asked(self):
+        index = next_index(self)
+        self.__dict__.setdefault("_probe_asked", []).append(
+            [int(i) for i in index] if isinstance(index, (list, tuple))
+            else [int(index)] if hasattr(index, "__index__") else [])
+        return index
+
+    def handed(self):
+        batch = next_batch(self)
+        if self.__dict__.get("_probe_asked"):
+            seen["taken"].append([getattr(self, "_probe_pass", -1), self._probe_asked.pop(0)])
+        return batch
+
+    DataLoader.__iter__ = iterate  # type: ignore[method-assign]  # the probe's wrappers
+    _BaseDataLoaderIter._reset = restart  # type: ignore[method-assign]
+    _BaseDataLoaderIter._next_index = asked  # type: ignore[method-assign]
+    _BaseDataLoaderIter.__next__ = handed  # type: ignore[method-assign]
+    return seen
 
 
 def _tensors(obj):
@@ -295,6 +351,8 @@ def _send(measures: set[str], state: dict, send: Callable[..., None]) -> None:
         send(probe="allreduce", per_step=state["per_step"], after_last_step=calls - state["counted"])
     if "traffic" in measures:
         send(probe="traffic", operations=state["traffic"])
+    if "data" in measures:
+        send(probe="data", steps=state["data"]["steps"], after_last_step=state["data"]["taken"])
     if "files" in measures:
         params = [p for model in state["models"] for p in model.parameters()]
         send(probe="files", device=str(params[0].device) if params else "cpu", **state["files"])
