@@ -27,6 +27,7 @@ kernels. Last, the kernels it wrote are counted from its cache.
     --inductor-only    part 2 alone (the lesson runs it on one GPU when there is one)
 """
 
+import logging
 import os
 import re
 import sys
@@ -54,6 +55,11 @@ CAPS = [None, 25, 4, 2, 1, 0.5]  # None: bucket_cap_mb left unset
 STEPS = 4
 
 INDUCTOR_ONLY = "--inductor-only" in sys.argv[1:]
+
+# DDP's forward wraps itself in a profiler record_function, which Dynamo leaves out of
+# the graph with a warning on every rank; it says nothing about this script.
+logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(
+    lambda record: not record.getMessage().startswith("Profiler record function"))
 
 rank, world_size, device = init()
 if device.type == "cpu":
