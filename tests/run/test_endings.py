@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from endings_table import ENDINGS, SCRIPT, check_verdict, verdict
+from slurm_fixture import slurm_cluster  # noqa: F401  (a local SLURM cluster, started once)
 
 from labutils import launch
 
@@ -63,3 +64,23 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
     assert verdict(warm, how) == verdict(cold, how), \
         f"warm and cold differ:\n{verdict(warm, how)}\n{verdict(cold, how)}"
     check_verdict(warm, how, nproc, failing)
+
+
+# The same contract through the SLURM back end: the six endings that once named the wrong
+# rank (the table), each of the 2 ranks on a SLURM node of its own (a labutils
+# node launcher each, cold, following one shared run folder), the failing rank last.
+SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_error")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ending", SLURM_ENDINGS)
+def test_the_verdict_is_the_same_through_slurm(slurm_cluster, tmp_path, ending):  # noqa: F811
+    import subprocess
+
+    result = launch(SCRIPT, args=[ending, "1"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display="none", hang_timeout=30, timeout=120,
+                    nnodes=slurm_cluster.nodes, nproc=2 // slurm_cluster.nodes)
+    check_verdict(result.to_json(), ending, 2, 1)
+    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=10).stdout
+    assert not queue.strip(), queue
