@@ -16,7 +16,7 @@ PYTEST_WORKERS ?= 3
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-learner learner-copy image test test-gpu test-image setup system-deps benchmark clean
+.PHONY: lab lab-learner learner-copy image image-cuda test test-gpu test-image setup system-deps benchmark clean
 
 # The lock pins every package, so pip resolves nothing (--no-deps) and `pip check`
 # proves nothing is missing. pip byte-compiles one file at a time: compileall does it on
@@ -58,6 +58,11 @@ lab-learner: learner-copy
 # run as root). Not part of `make test`: it downloads Debian and Python packages.
 image: setup
 	./docker/build-local.sh
+
+# The same for the CUDA image (docker/Dockerfile.cuda): torch's CUDA 13.0 build from PyPI,
+# gigabytes of NVIDIA libraries; without a GPU its tries run on the CPU.
+image-cuda: setup
+	FLAVOR=cuda ./docker/build-local.sh
 
 test-image: setup
 	$(PY) -m pytest -m image -p no:cacheprovider tests/test_image.py $(PYTEST_ARGS)

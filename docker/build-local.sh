@@ -1,14 +1,19 @@
 #!/bin/sh
-# Build the learner's CPU image on a machine with no Docker engine and no image registry,
-# with podman, buildah and runc from Debian packages, then try it. `make image` runs this.
+# Build the learner's CPU image (or, with FLAVOR=cuda, the CUDA one) on a machine with no
+# Docker engine and no image registry, with podman, buildah and runc from Debian
+# packages, then try it. `make image` runs this; `make image-cuda` with FLAVOR=cuda.
 #
 # 1. Debian packages podman, buildah, runc, debootstrap: installed with apt-get if missing.
 # 2. The base image ($BASE): Debian bookworm with its Python 3.11 and pip, made with
 #    debootstrap and `podman import` (kept: built once per machine).
 # 3. The learner copy (scripts/learner_copy.py, in $WORK/learner), the build context.
-# 4. `podman build` of docker/Dockerfile.cpu from it, as $IMAGE. pip gets this machine's
-#    CA bundle, and a folder of wheels if $WHEELS holds torch's CPU wheel (then torch
-#    comes from it, the rest from PyPI; otherwise from PyPI's and PyTorch's indexes).
+# 4. `podman build` of docker/Dockerfile.$FLAVOR from it, as $IMAGE. pip gets this
+#    machine's CA bundle. cpu: a folder of wheels if $WHEELS holds torch's CPU wheel (then
+#    torch comes from it, the rest from PyPI; otherwise from PyPI's and PyTorch's
+#    indexes). cuda: torch from $CUDA_TORCH_INDEX (default PyPI, whose torch 2.13.0 is
+#    the CUDA 13.0 build, the same variant as PyTorch's cu130 index; gigabytes of NVIDIA
+#    libraries come with it). Without a GPU the CUDA build runs on the CPU (gloo), so the
+#    tries below run the same way; `labutils doctor` inside says which build it is.
 # 5. The tries, each inside a container of the image:
 #    - the image holds no hidden check, no wrong-fix catalogue, no solution, no
 #      "starter_fails" (searched as root, so no folder is unreadable to the search);
@@ -22,7 +27,14 @@ set -eu
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$REPO/build}
-IMAGE=${IMAGE:-localhost/dist-course:cpu}
+FLAVOR=${FLAVOR:-cpu}
+case "$FLAVOR" in
+    cpu|cuda) ;;
+    *) echo "build-local.sh: FLAVOR must be cpu or cuda (docker/Dockerfile.FLAVOR), not '$FLAVOR'" >&2
+       exit 2 ;;
+esac
+IMAGE=${IMAGE:-localhost/dist-course:$FLAVOR}
+CUDA_TORCH_INDEX=${CUDA_TORCH_INDEX:-https://pypi.org/simple}
 BASE=${BASE:-localhost/course-base:bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 WHEELS=${WHEELS:-/opt/wheels}
@@ -91,14 +103,18 @@ set -- --build-arg "BASE=$BASE"
 if [ -f "$CA" ]; then
     set -- "$@" --volume "$CA:/etc/build-ca.crt:ro" --build-arg PIP_CERT=/etc/build-ca.crt
 fi
-if ls "$WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+if [ "$FLAVOR" = cuda ]; then
+    set -- "$@" --build-arg "TORCH_INDEX_URL=$CUDA_TORCH_INDEX"
+elif ls "$WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
     set -- "$@" --volume "$WHEELS:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels \
         --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 fi
-podman build --network host --layers -f "$WORK/learner/docker/Dockerfile.cpu" -t "$IMAGE" "$@" \
+podman build --network host --layers -f "$WORK/learner/docker/Dockerfile.$FLAVOR" -t "$IMAGE" "$@" \
     "$WORK/learner"
 took
 podman image inspect "$IMAGE" --format '[image]   {{.Size}} bytes'
+step "torch inside"
+run "$IMAGE" python -c "import torch; print('[image]   torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
 
 step "no instructor material in the image"
 run --user 0 "$IMAGE" sh -c '
