@@ -106,18 +106,15 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
             kwargs.update(rank=0, world_size=1)
         if chosen == "nccl":
             kwargs["device_id"] = device
-        # torch's barrier through the store at the end of init_process_group (off unless
-        # TORCH_DIST_INIT_BARRIER=1): no rank returns before every rank has connected to
-        # the others. Without it a rank with nothing to send may finish and exit while a
-        # peer still connects to it, and the peer fails in init_process_group
-        # ("Connection closed by peer"). A value the caller set is kept.
-        barrier = os.environ.get("TORCH_DIST_INIT_BARRIER")
-        os.environ["TORCH_DIST_INIT_BARRIER"] = barrier if barrier is not None else "1"
-        try:
-            dist.init_process_group(**kwargs)
-        finally:
-            if barrier is None:
-                del os.environ["TORCH_DIST_INIT_BARRIER"]
+        dist.init_process_group(**kwargs)
+        # One barrier before any rank goes on: no rank returns before every rank has
+        # connected to all the others. Without it a rank with nothing to send may finish
+        # and exit while a peer still connects to it, and the peer fails inside
+        # init_process_group ("Connection closed by peer"). A collective, not torch's
+        # store barrier (TORCH_DIST_INIT_BARRIER): rank 0 hosts the store, and the store
+        # barrier's last reads race with rank 0 leaving just the same.
+        if dist.get_world_size() > 1:
+            dist.barrier()
     return dist.get_rank(), dist.get_world_size(), device
 
 

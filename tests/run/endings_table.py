@@ -33,8 +33,10 @@ ENDINGS = {
 # What torch itself words differently from run to run, for the same ending: a DataLoader
 # whose worker was killed raises "DataLoader worker (pid N) is killed by signal: Killed."
 # from its SIGCHLD handler, "DataLoader worker (pid(s) N) exited unexpectedly" from its
-# status check, or ConnectionResetError from the worker's pipe, whichever comes first.
-VARIES = {"dataloader_worker_killed": {"exc_type": {"RuntimeError", "ConnectionResetError"}}}
+# status check, or ConnectionResetError or EOFError from the worker's pipe (reset, or
+# closed with nothing in it), whichever comes first.
+VARIES = {"dataloader_worker_killed": {"exc_type": {"RuntimeError", "ConnectionResetError",
+                                                    "EOFError"}}}
 # endings whose line is another ending's: breakpoint_peer's failing rank raises as
 # "exception" does, while its peers wait at breakpoint()
 LINE_OF = {"breakpoint_peer": "exception"}

@@ -223,9 +223,9 @@ def test_torchruns_own_log_folder_is_in_the_run_folder(runs_dir, write_script):
 
 
 def test_no_rank_leaves_init_before_every_rank_has_joined(runs_dir, write_script):
-    """labutils.dist.init() ends with torch's store barrier: rank 2 is held up after its
-    process group is made, and ranks 0 and 1 do not return before it has (without the
-    barrier a rank with nothing to send could exit while a peer still connected to it)."""
+    """labutils.dist.init() ends with a barrier: rank 2 is held up after its process group
+    is made, and ranks 0 and 1 do not return before it has (without the barrier a rank
+    with nothing to send could exit while a peer still connected to it)."""
     script = write_script("late_joiner.py", """
         import os
         import time
