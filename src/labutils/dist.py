@@ -107,14 +107,6 @@ def init(backend: str | None = None, *, timeout_s: float | None = None):
         if chosen == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
-        # One barrier before any rank goes on: no rank returns before every rank has
-        # connected to all the others. Without it a rank with nothing to send may finish
-        # and exit while a peer still connects to it, and the peer fails inside
-        # init_process_group ("Connection closed by peer"). A collective, not torch's
-        # store barrier (TORCH_DIST_INIT_BARRIER): rank 0 hosts the store, and the store
-        # barrier's last reads race with rank 0 leaving just the same.
-        if dist.get_world_size() > 1:
-            dist.barrier()
     return dist.get_rank(), dist.get_world_size(), device
 
 

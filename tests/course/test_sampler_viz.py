@@ -155,6 +155,10 @@ for epoch in range(2):
     bad.set_epoch(epoch)
     report(setup="seed=rank", epoch=epoch, items=list(bad))
 report(setup="padded", epoch=0, items=list(DistributedSampler(range(10), shuffle=False)))
+# No rank leaves before every rank has joined: a script with no collective of its own
+# could end on one rank while a peer still connects to it in init_process_group.
+import torch.distributed as dist
+dist.barrier()
 '''
 
 

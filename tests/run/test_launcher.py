@@ -222,37 +222,6 @@ def test_torchruns_own_log_folder_is_in_the_run_folder(runs_dir, write_script):
     assert "recorded by torch" in error_file.read_text()
 
 
-def test_no_rank_leaves_init_before_every_rank_has_joined(runs_dir, write_script):
-    """labutils.dist.init() ends with a barrier: rank 2 is held up after its process group
-    is made, and ranks 0 and 1 do not return before it has (without the barrier a rank
-    with nothing to send could exit while a peer still connected to it)."""
-    script = write_script("late_joiner.py", """
-        import os
-        import time
-
-        import torch.distributed.distributed_c10d as c10d
-
-        from labutils.dist import init, report
-
-        joined, make_group = [], c10d._new_process_group_helper
-
-        def held_up(*args, **kwargs):
-            group = make_group(*args, **kwargs)
-            if os.environ["RANK"] == "2":
-                time.sleep(1.5)
-            joined.append(time.time())
-            return group
-
-        c10d._new_process_group_helper = held_up
-        init()
-        report(joined=joined[0], returned=time.time())
-    """)
-    result = launch(script, 3, display="none", timeout=120)
-    assert result.ok, result.summary()
-    latest_join = max(r["joined"] for r in result.records)
-    assert min(r["returned"] for r in result.records) >= latest_join
-
-
 # ------------------------------------------------------------------ lifetimes
 
 def _pids_of_run(runs_dir: Path, world: int, timeout: float = 90) -> list[int]:
