@@ -90,6 +90,11 @@ def _run_script(name: str, cluster_dir: Path, env: dict, timeout: float) -> str:
     return done.stdout
 
 
+def slurm_queue() -> str:
+    """What squeue lists on the test cluster ('' when no job is queued or running)."""
+    return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=10).stdout
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory) -> LocalSlurm:
     """Start the local cluster once per session; stop it (no job, no process) at the end."""

@@ -15,7 +15,7 @@ import pytest
 from labutils import launch
 from labutils.notebook.display import Display, TextDisplay
 from labutils.errors import LaunchConfigError
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session's local cluster)
+from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (the session's local cluster)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,10 +53,6 @@ def _layout(cluster) -> dict:
     return {"nnodes": cluster.nodes, "nproc": 2 // cluster.nodes}
 
 
-def _queue() -> str:
-    return subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=10).stdout
-
-
 def test_job_streams_every_rank_back(slurm_cluster, job, tmp_path):
     lines = []
 
@@ -75,7 +71,7 @@ def test_job_streams_every_rank_back(slurm_cluster, job, tmp_path):
     assert (result.log_dir / "job.sbatch").exists()
     assert list(result.log_dir.glob("slurm-*.out"))
     assert result.command[0] == "sbatch"
-    assert not _queue().strip()
+    assert not slurm_queue().strip()
 
 
 def test_planted_failure_names_its_rank(slurm_cluster, job, tmp_path):
@@ -86,7 +82,7 @@ def test_planted_failure_names_its_rank(slurm_cluster, job, tmp_path):
     assert "planted failure on rank 1" in result.failure.message
     assert result.failure.victims == [0]
     assert result.exit_status == 1
-    assert not _queue().strip()
+    assert not slurm_queue().strip()
 
 
 def test_hang_is_diagnosed_and_the_job_cancelled(slurm_cluster, job, tmp_path):
@@ -97,7 +93,7 @@ def test_hang_is_diagnosed_and_the_job_cancelled(slurm_cluster, job, tmp_path):
     lines = JOB.splitlines()
     sleep_line = next(i for i, ln in enumerate(lines, 1) if "time.sleep(300)" in ln)
     assert result.hang.waiting[1].endswith(f"job.py:{sleep_line}")
-    assert not _queue().strip()
+    assert not slurm_queue().strip()
 
 
 class _StopAfterFirstRecord(Display):
@@ -110,7 +106,7 @@ def test_stop_cancels_the_job_and_leaves_nothing(slurm_cluster, job, tmp_path):
     result = launch(job, args=["slow"], scheduler="slurm", log_dir=tmp_path / "runs",
                     display=display, hang_timeout=60, timeout=180, **_layout(slurm_cluster))
     assert result.reason == "stopped"
-    assert not _queue().strip()
+    assert not slurm_queue().strip()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
     assert str(job) not in ps  # no node launcher, agent or rank of the job is left
 
@@ -158,7 +154,7 @@ def test_ctrl_c_on_the_cli_cancels_the_job(slurm_cluster, job, tmp_path):
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out
     assert "cancelling SLURM job" in out
-    assert not _queue().strip()
+    assert not slurm_queue().strip()
 
 
 def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tmp_path):
@@ -185,9 +181,9 @@ def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tm
     _wait_for(lambda: list(runs.glob("*/rank0/events.jsonl")) and
               '"record"' in next(runs.glob("*/rank0/events.jsonl")).read_text(), 120,
               "rank 0's first record")
-    assert _queue().strip()
+    assert slurm_queue().strip()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    _wait_for(lambda: not _queue().strip(), stale_s + 30, "the job to end")
+    _wait_for(lambda: not slurm_queue().strip(), stale_s + 30, "the job to end")
     (run,) = runs.iterdir()
     assert "has not been heard from" in (next(run.glob("slurm-*.out")).read_text())

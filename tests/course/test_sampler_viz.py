@@ -142,6 +142,7 @@ def test_ownership_plot_rejects(own, n, fragment):
 
 
 SAMPLER_RUN = '''
+import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from labutils.dist import init, report
@@ -157,7 +158,6 @@ for epoch in range(2):
 report(setup="padded", epoch=0, items=list(DistributedSampler(range(10), shuffle=False)))
 # No rank leaves before every rank has joined: a script with no collective of its own
 # could end on one rank while a peer still connects to it in init_process_group.
-import torch.distributed as dist
 dist.barrier()
 '''
 

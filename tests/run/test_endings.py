@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from endings_table import ENDINGS, SCRIPT, check_verdict, verdict
-from slurm_fixture import slurm_cluster  # noqa: F401  (a local SLURM cluster, started once)
+from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (a local SLURM cluster)
 
 from labutils import launch
 
@@ -76,11 +76,8 @@ SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("ending", SLURM_ENDINGS)
 def test_the_verdict_is_the_same_through_slurm(slurm_cluster, tmp_path, ending):  # noqa: F811
-    import subprocess
-
     result = launch(SCRIPT, args=[ending, "1"], scheduler="slurm", log_dir=tmp_path / "runs",
                     display="none", hang_timeout=30, timeout=120,
                     nnodes=slurm_cluster.nodes, nproc=2 // slurm_cluster.nodes)
     check_verdict(result.to_json(), ending, 2, 1)
-    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=10).stdout
-    assert not queue.strip(), queue
+    assert not slurm_queue().strip(), slurm_queue()
