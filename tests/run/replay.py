@@ -22,6 +22,7 @@ from pathlib import Path
 
 from labutils.run.backends import LocalAgents
 from labutils.run.spec import LaunchSpec
+from labutils.run.warm import Start
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "data" / "recorded"
@@ -38,7 +39,7 @@ class ReplayAgents(LocalAgents):
         super().__init__(spec, run_dir, "", port=0, run_id="replay")
         self.run_dir, self.recording = run_dir, recording
         self.meta = json.loads((recording / "recording.json").read_text())
-        self.start_kind = self.meta["start"]
+        self.startup = Start(self.meta["start"], self.meta.get("start_reason"))
         self.stopped: list[tuple[list[int], str]] = []
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
@@ -84,7 +85,8 @@ def record(how: str, start: str, nproc: int, failing: int, out: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(path.read_text(errors="replace").replace(str(REPO), LEARNER))
     (out / "recording.json").write_text(json.dumps({
-        "how": how, "start": start, "nproc": nproc, "failing": failing,
+        "how": how, "start": start, "start_reason": result.start_reason, "nproc": nproc,
+        "failing": failing,
         "agent_exit_code": result.agent_exit_code}, indent=1) + "\n")
     shutil.rmtree(out.parent / ".tmp", ignore_errors=True)
 

@@ -21,6 +21,7 @@ import pytest
 from helpers import SCRIPTS
 
 from labutils import launch
+from labutils.run.launcher import prepare
 from labutils.errors import LaunchConfigError
 from labutils.run import warm
 from labutils.run.spec import LaunchSpec
@@ -151,6 +152,7 @@ def test_the_install_stamp_sees_an_edited_module():
 CALLER = """
 import json, sys
 from labutils import launch
+from labutils.run.launcher import prepare
 from labutils.run import warm
 r = launch({script!r}, 2, display="none")
 print(json.dumps({{"ok": r.ok, "start": r.start, "servers": [s.pid for s in warm.servers()]}}))
@@ -192,12 +194,27 @@ def _spec(**changes) -> LaunchSpec:
 
 
 def test_runs_where_warm_does_not_apply_say_why(monkeypatch):
-    assert warm.cold_reason(_spec()) is None
-    assert warm.cold_reason(_spec(warm=False)) == "warm=False"
-    assert "across machines" in warm.cold_reason(_spec(rdzv_endpoint="10.0.0.1:29400"))
-    assert "GPU" in warm.cold_reason(_spec(backend="nccl"))
+    assert warm.decide_start(_spec()) == warm.Start("warm")
+    assert warm.decide_start(_spec(warm=False)) == warm.Start("cold", "warm=False")
+    assert "across machines" in warm.decide_start(_spec(rdzv_endpoint="10.0.0.1:29400")).reason
+    assert "GPU" in warm.decide_start(_spec(backend="nccl")).reason
     monkeypatch.setenv("LABUTILS_START", "cold")
-    assert warm.cold_reason(_spec()) == "LABUTILS_START=cold"
+    assert str(warm.decide_start(_spec())) == "cold (LABUTILS_START=cold)"
+
+
+def test_a_run_no_server_can_serve_starts_cold_with_the_servers_last_words(monkeypatch, runs_dir):
+    """The one decision (decide_start) also covers a server that cannot start: the run
+    goes on cold, its reason is the server's, and prepare()'s plan said warm."""
+    def refuse(env):
+        raise warm.WarmUnavailable("the warm server exited before it was ready: no room")
+
+    monkeypatch.setattr(warm, "server_for", refuse)
+    assert warm.decide_start(_spec(), dict(os.environ)) == warm.Start(
+        "cold", "the warm server exited before it was ready: no room")
+    assert prepare(SEES, 2).request.start == "warm"
+    result = launch(SEES, 2, display="none")
+    assert result.ok and result.start == "cold" and "no room" in result.start_reason
+    assert result.warm_server is None
 
 
 def test_warm_takes_only_a_bool():

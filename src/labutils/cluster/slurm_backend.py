@@ -20,6 +20,7 @@ from labutils.run.backends import Agent, Backend
 from labutils.run.nodes import LEASE_RENEW_S
 from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, public_fault
+from labutils.run.warm import Start
 from labutils.runtime.procs import free_port
 
 SLURM_POLL_S = 0.5
@@ -41,8 +42,7 @@ class SlurmBackend(Backend):
 
     shared = True  # the ranks run on the cluster's nodes
     scheduled = True
-    start_kind = "cold"
-    start_reason = "a SLURM job's nodes start cold"
+    startup = Start("cold", "a SLURM job's nodes start cold")
 
     def __init__(self, spec: LaunchSpec, run_dir: Path, options: dict | None, nodes) -> None:
         self.spec = spec

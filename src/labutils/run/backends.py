@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from labutils.run.attempts import RankState
 from labutils.run.spec import LaunchSpec, torchrun_command
-from labutils.run.warm import Keeper, WarmUnavailable, cold_reason, server_for
+from labutils.run.warm import Keeper, Start, decide_start
 from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
 
@@ -70,9 +70,7 @@ class Backend:
 
     shared: bool = False  # ranks run where this launcher cannot signal them
     scheduled: bool = False  # a scheduler's job: finished() and failed() say how it goes
-    start_kind: str = "cold"  # "warm" or "cold"
-    start_reason: str | None = None  # why it starts cold (None when warm)
-    warm_server: str | None = None  # warm: that a new warm server was started, and why
+    startup: Start = Start("cold")  # warm or cold, and why (run/warm.py, decide_start)
     command: list[str]
     commands: list[list[str]]
     agents: list[Agent]
@@ -133,9 +131,7 @@ class LocalAgents(Backend):
         self.spec = spec
         self.port, self.run_id = port, run_id
         self.elastic_dir = runfiles.elastic_dir(run_dir)
-        # "warm" (forked from this caller's warm server, run/warm.py) or "cold"; why cold
-        self.start_reason = cold_reason(spec)
-        self.start_kind = "cold" if self.start_reason else "warm"
+        self.startup = decide_start(spec)  # the plan; start() decides again with the servers
         self.agents = [Agent(i, [], runfiles.agent_log_path(run_dir, token or i))
                        for i in range(spec.local_agents)]
         self._commands()
@@ -143,20 +139,18 @@ class LocalAgents(Backend):
     def _commands(self) -> None:
         for agent in self.agents:
             agent.command = torchrun_command(self.spec, port=self.port, run_id=self.run_id,
-                                             agent=agent.index, warm=self.start_kind == "warm",
+                                             agent=agent.index, warm=self.startup.warm,
                                              log_dir=self.elastic_dir)
         self.command = self.agents[0].command
         self.commands = [a.command for a in self.agents]
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
-        server = None
-        if self.start_kind == "warm":
-            try:
-                server, self.warm_server = server_for(env)
-            except WarmUnavailable as exc:
-                self.start_kind, self.start_reason = "cold", str(exc)
+        if self.startup.warm:
+            self.startup = decide_start(self.spec, env)
+            if not self.startup.warm:  # no server could serve it
                 self._commands()
-                note(f"starting cold: {exc}")
+                note(f"starting cold: {self.startup.reason}")
+        server = self.startup.server
         # A launcher placed on this machine next to others of the same job (a virtual
         # cluster's host) is told its own place; its agents count within it.
         outer, launchers = runfiles.local_agent(env)

@@ -91,9 +91,8 @@ class Run:
         self.hang: Hang | None = None
         self.notes: list[str] = []  # lines for the display once the run starts
         env, self._net_note = self._environment()
-        kind, why = self.backend.start_kind, self.backend.start_reason
         self.request = RunRequest(commands=self.backend.commands, env=env, run_dir=run_dir,
-                                  start=f"{kind} ({why})" if why else kind)
+                                  start=str(self.backend.startup))
         self._host_gone_at: float | None = None
         self._finished_at: float | None = None
         self._wait_noted = False

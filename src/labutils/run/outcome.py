@@ -287,6 +287,6 @@ def final_result(run) -> RunResult:
         reason=str(run.reason), script=str(run.spec.script), command=run.backend.command,
         commands=run.backend.commands, agent_exit_code=run.backend.exit_code,
         ownership=ownership_mode() if run.backend.agents else None,
-        start=run.backend.start_kind, start_reason=run.backend.start_reason,
-        warm_server=run.backend.warm_server,
+        start=run.backend.startup.kind, start_reason=run.backend.startup.reason,
+        warm_server=run.backend.startup.new_server,
     )

@@ -11,7 +11,7 @@ restarts the ranks; the run folder, events, stacks, diagnosis and ownership are 
 of a cold run.
 
 Where a warm start does not apply, the run starts cold and says why
-(``result.start``, ``result.start_reason``):
+(``result.start``, ``result.start_reason``); decide_start() is the one place that decides:
 
 - ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
   environment (every run of a kernel, a class or a test session cold);
@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -71,8 +72,52 @@ class WarmUnavailable(RuntimeError):
     """No warm server could serve this run; the message is the reason, for result.start_reason."""
 
 
-def cold_reason(spec: LaunchSpec) -> str | None:
-    """Why this run must start cold, or None when a warm start applies."""
+@dataclass(frozen=True)
+class Start:
+    """How a run's agents start: decide_start()'s answer, which the back end, the
+    commands and the result (``result.start``, ``.start_reason``, ``.warm_server``) read.
+
+    kind: "warm" or "cold".
+    reason: why the run starts cold (None when warm); it means nothing else.
+    new_server: a warm run whose server had to be started first, and why (else None).
+    server: the warm server that forks the run's keepers (decided with an environment).
+    """
+
+    kind: str
+    reason: str | None = None
+    new_server: str | None = None
+    server: Server | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def warm(self) -> bool:
+        return self.kind == "warm"
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.reason})" if self.reason else self.kind
+
+
+def decide_start(spec: LaunchSpec, env: dict[str, str] | None = None) -> Start:
+    """Warm or cold, and why: decided here and nowhere else.
+
+    Without env it is the plan, known before anything starts (prepare().request, the
+    commands). With env (the run's whole environment) the server is found or started
+    too, and a run no server can serve starts cold with the server's last words as
+    its reason.
+    """
+    why = _cold_rule(spec)
+    if why is not None:
+        return Start("cold", why)
+    if env is None:
+        return Start("warm")
+    try:
+        server, note = server_for(env)
+    except WarmUnavailable as exc:
+        return Start("cold", str(exc))
+    return Start("warm", new_server=note, server=server)
+
+
+def _cold_rule(spec: LaunchSpec) -> str | None:
+    """Why this run must start cold whatever the servers can do, or None."""
     if not spec.warm:
         return "warm=False"
     if os.environ.get(runfiles.ENV_START) == "cold":

@@ -26,8 +26,8 @@ of os._exit() writes nothing itself.
 
 from __future__ import annotations
 
+import importlib
 import os
-import runpy
 import signal
 import sys
 import time
@@ -90,11 +90,9 @@ def run_agent(argv: list[str], keeper: int) -> None:
     if os.environ.get(ENV_RUN_DIR):
         record_endings(os.environ[ENV_RUN_DIR])
     sys.argv = ["torchrun", *argv]
-    torchrun = sys.modules.get("torch.distributed.run")
-    if torchrun is not None:  # forked from a warm server (server.py): already imported
-        torchrun.main(argv)
-    else:
-        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    # what the torchrun command runs (its console script); a warm server imported the
+    # module already, a cold agent imports it here
+    importlib.import_module("torch.distributed.run").main(argv)
     sys.exit(0)
 
 

@@ -360,7 +360,9 @@ def finish(code: int) -> None:
 
 def forked_rank() -> bool:
     """This rank is a fork of a warm run's torchrun agent (runtime/server.py): it runs
-    inside torchrun's function entry point, a multiprocessing child."""
+    inside torchrun's function entry point, a multiprocessing child. Nothing is decided
+    here: the agent's command, made from run/warm.py's decide_start(), chose the entry
+    point, and this reads which one ran."""
     mp = sys.modules.get("multiprocessing")
     return mp is not None and mp.parent_process() is not None
 
