@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labutils.run import outcome
-from labutils.run.attempts import AttemptFold, RankState
+from labutils.run.attempts import Attempt, AttemptFold, RankState
 from labutils.run.backends import Backend, LocalAgents, scheduler_backend
 from labutils.run.display import Display
-from labutils.run.hang import Hang, analyse_hang
+from labutils.run.hang import analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
-from labutils.run.result import RunResult
+from labutils.run.result import RunResult, attempt_line
 from labutils.run.spec import LaunchSpec, RunRequest
 from labutils.run.states import Ending, RankStatus
 from labutils.run.streams import EndingsTail, EventTail, RankOutput
@@ -64,54 +64,59 @@ class Run:
             backend: makes the back end from the spec and the run folder instead
                 (the tests' replay of recorded runs).
         """
-        self.spec = spec
-        self.run_dir = run_dir
         self.display = display
         # This launcher's node of a job across machines ("" on a one-machine run).
         self.token = node_token(multinode=spec.multinode, node_rank=spec.node_rank)
         self.nodes = NodeFiles(run_dir, self.token, display.note)
-        self.fold = AttemptFold(spec.world_size, token=self.token,
-                                 close=lambda a, size: outcome.close_attempt(self, a, size))
-        self.output = [RankOutput(run_dir, r) for r in range(spec.world_size)]
+        fold = AttemptFold(spec.world_size, token=self.token, close=self._close_attempt)
         self.events = [EventTail(run_dir, r) for r in range(spec.world_size)]
         self.endings = EndingsTail(run_dir)
-        self.backend: Backend
+        made: Backend
         if backend is not None:
-            self.backend = backend(spec, run_dir)
+            made = backend(spec, run_dir)
         elif scheduler is not None:
-            self.backend = scheduler_backend(scheduler)(spec, run_dir, slurm, self.nodes)
+            made = scheduler_backend(scheduler)(spec, run_dir, slurm, self.nodes)
         else:
-            self.backend = LocalAgents(spec, run_dir, self.token, port=free_port(),
-                                       run_id=uuid.uuid4().hex[:12])
-        # Ranks may run where this launcher cannot signal them (other machines' nodes).
-        self.shared = spec.multinode or self.backend.shared
-        self.attempts: list[dict] = []
-        self.fired: dict[int, int] = {}  # attempt -> index in spec.faults of an agent fault
-        self.reason: Ending = Ending.OK
-        self.hang: Hang | None = None
+            made = LocalAgents(spec, run_dir, self.token, port=free_port(),
+                               run_id=uuid.uuid4().hex[:12])
+        # What the loop gathers, passed to run/outcome.py. Ranks may run where this
+        # launcher cannot signal them (other machines' nodes): shared.
+        self.state = outcome.RunState(
+            spec=spec, run_dir=run_dir, backend=made, fold=fold,
+            output=[RankOutput(run_dir, r) for r in range(spec.world_size)],
+            shared=spec.multinode or made.shared)
         self.notes: list[str] = []  # lines for the display once the run starts
         env, self._net_note = self._environment()
-        self.request = RunRequest(commands=self.backend.commands, env=env, run_dir=run_dir,
-                                  start=str(self.backend.startup))
+        self.request = RunRequest(commands=self.state.backend.commands, env=env, run_dir=run_dir,
+                                  start=str(self.state.backend.startup))
         self._host_gone_at: float | None = None
         self._finished_at: float | None = None
         self._wait_noted = False
 
     @property
     def ranks(self) -> list[RankState]:
-        return self.fold.ranks
+        return self.state.ranks
+
+    @property
+    def spec(self) -> LaunchSpec:
+        return self.state.spec
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder (prepare(...).run_dir: known before the run starts)."""
+        return self.state.run_dir
 
     # ---------------------------------------------------------------- lifetime
     def run(self) -> RunResult:
         """Start, follow and end the run; the result (KeyboardInterrupt re-raised after
         every rank is stopped and the summary written)."""
-        spec = self.spec
+        spec = self.state.spec
         env, net_note = {**os.environ, **self.request.env}, self._net_note
-        self.t0 = self.last_activity = time.monotonic()
+        self.state.t0 = self.last_activity = time.monotonic()
         interrupted = False
-        self.display.start(world_size=spec.world_size, log_dir=str(self.run_dir),
+        self.display.start(world_size=spec.world_size, log_dir=str(self.state.run_dir),
                            script=str(spec.script))
-        if spec.local_agents > 1 and self.backend.agents:
+        if spec.local_agents > 1 and self.state.backend.agents:
             self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
                               f"join one rendezvous, --nnodes {spec.nnodes}")
         if spec.multinode:
@@ -120,12 +125,12 @@ class Run:
             self.display.note(line)
         with contextlib.ExitStack() as logs:
             try:
-                self.backend.start(env, logs, self.display.note)
+                self.state.backend.start(env, logs, self.display.note)
                 self._write_commands()
                 self._follow()
             except KeyboardInterrupt:
                 interrupted = True
-                self.reason = Ending.INTERRUPTED
+                self.state.reason = Ending.INTERRUPTED
             finally:
                 while True:  # a second Ctrl-C must not leave processes behind
                     try:
@@ -133,11 +138,17 @@ class Run:
                         break
                     except KeyboardInterrupt:
                         interrupted = True
-                        self.reason = Ending.INTERRUPTED
+                        self.state.reason = Ending.INTERRUPTED
         global _last_result
-        result = _last_result = outcome.final_result(self)
-        result.write_json(runfiles.node_summary_path(self.run_dir, self.token) if self.token
-                          else self.run_dir / "summary.json")
+        settled = outcome.final_result(self.state, now=time.monotonic())
+        for rank, code in settled.exit_codes.items():
+            self.ranks[rank].exit_code = code
+        for rank, status in settled.states.items():
+            self.set_state(self.ranks[rank], status)
+        self.state.attempts = settled.result.attempts
+        result = _last_result = settled.result
+        result.write_json(runfiles.node_summary_path(self.state.run_dir, self.token) if self.token
+                          else self.state.run_dir / "summary.json")
         self.display.finish(result)
         if interrupted:
             raise KeyboardInterrupt(f"run interrupted; every rank was stopped. {result.headline()}")
@@ -145,15 +156,15 @@ class Run:
 
     def _write_commands(self) -> None:
         """command.txt: each agent's torchrun command as started (warm or cold)."""
-        if self.backend.commands:
+        if self.state.backend.commands:
             name = f"command-{self.token}.txt" if self.token else "command.txt"
-            (self.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
-                                                         self.backend.commands) + "\n")
+            (self.state.run_dir / name).write_text("\n\n".join("\n".join(c) for c in
+                                                         self.state.backend.commands) + "\n")
 
     def _environment(self) -> tuple[dict[str, str], str | None]:
         """The variables the run sets on top of the caller's environment, and a line
         on the network interface chosen (jobs across machines)."""
-        spec, env, net_note = self.spec, {}, None
+        spec, env, net_note = self.state.spec, {}, None
         if spec.multinode:
             from labutils.run.network import interface_env
 
@@ -161,7 +172,7 @@ class Run:
             env.update(chosen)
             env[runfiles.ENV_NODE] = self.token
         env.update(spec.env)
-        env[runfiles.ENV_RUN_DIR] = str(self.run_dir)
+        env[runfiles.ENV_RUN_DIR] = str(self.state.run_dir)
         env[runfiles.ENV_PARENT_PID] = str(os.getpid())
         env[runfiles.ENV_BACKEND] = spec.backend
         # Re-initialising gloo through the agent's shared store after a restart fails
@@ -175,46 +186,46 @@ class Run:
         return env, net_note
 
     def _follow(self) -> None:
-        spec, last_tick = self.spec, 0.0
+        spec, last_tick = self.state.spec, 0.0
         while True:
             self._poll()
             now = time.monotonic()
             if self._finished(now):
                 self._poll(final=True)
-                self.reason = self._ending()
+                self.state.reason = self._ending()
                 return
             if self.display.stop_requested.is_set():
                 self.display.note("stop requested: stopping every rank")
-                self.reason = Ending.STOPPED
+                self.state.reason = Ending.STOPPED
                 return
             if spec.multinode and self.nodes.stopped_elsewhere():
-                self.reason = Ending.STOPPED
+                self.state.reason = Ending.STOPPED
                 return
-            if self.shared and self.nodes.failed_elsewhere(self.fold.remote_nodes,
+            if self.state.shared and self.nodes.failed_elsewhere(self.state.fold.remote_nodes,
                                                            self._failed_ranks_of):
-                self.reason = Ending.FAILED
+                self.state.reason = Ending.FAILED
                 return
-            if spec.timeout is not None and now - self.t0 >= spec.timeout:
+            if spec.timeout is not None and now - self.state.t0 >= spec.timeout:
                 self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
-                self.reason = Ending.TIMEOUT
+                self.state.reason = Ending.TIMEOUT
                 return
             silent = now - self.last_activity
-            first = self.backend.scheduled or \
-                self.nodes.first_to_diagnose(self.fold.remote_nodes)
+            first = self.state.backend.scheduled or \
+                self.nodes.first_to_diagnose(self.state.fold.remote_nodes)
             if spec.hang_timeout is not None and self._hung() and (
                     silent >= spec.hang_timeout * (1 if first else 2)):
                 self._diagnose_hang(silent)
-                self.reason = Ending.HANG
+                self.state.reason = Ending.HANG
                 return
             if now - last_tick >= TICK_S:
                 self.display.tick()
-                self.backend.tick(now)
+                self.state.backend.tick(now)
                 self._note_waiting_for_nodes(now)
                 last_tick = now
             time.sleep(POLL_S)
 
     def _ending(self) -> Ending:
-        backend = self.backend
+        backend = self.state.backend
         if backend.scheduled:
             return Ending.FAILED if backend.failed() else Ending.OK
         finished = self._finished_at is not None  # the rest wait in the exit barrier
@@ -229,10 +240,10 @@ class Run:
         barrier for the agent that is gone); in a job across machines, also every other
         node seen in the run folder is done (or AGENT_GRACE_S passed since this node's
         agent exited)."""
-        backend = self.backend
+        backend = self.state.backend
         if backend.scheduled:
             return backend.finished(now, self.display.note)
-        remote = self.fold.remote_nodes
+        remote = self.state.fold.remote_nodes
         if not backend.any_alive():
             if self.token and self._host_gone_at is None:
                 self.nodes.mark_done()
@@ -244,8 +255,8 @@ class Run:
         # that finished wait in torchrun's exit barrier for them
         left = {a.index for a in backend.agents
                 if a.stopped_by_fault or (a.proc is not None and not a.alive())}
-        if left and self.fold.current and all(
-                r.attempt == self.fold.index and r.exit_code == 0
+        if left and self.state.fold.current and all(
+                r.attempt == self.state.fold.index and r.exit_code == 0
                 for r in self._members() if r.agent not in left):
             self._finished_at = self._finished_at or now
             if now - self._finished_at >= EXIT_BARRIER_GRACE_S:
@@ -256,53 +267,53 @@ class Run:
         return now - self._host_gone_at >= AGENT_GRACE_S
 
     def _members(self) -> list[RankState]:
-        return self.fold.members(self.spec.world_size)
+        return self.state.fold.members(self.state.spec.world_size)
 
     def _hung(self) -> bool:
         """Every rank has started in this attempt, at least one is still alive, and none
         is in a debugger."""
-        if not self.fold.current:
+        if not self.state.fold.current:
             return False
         members = self._members()
-        if self.shared:  # without a shared run folder only this node's ranks show
+        if self.state.shared:  # without a shared run folder only this node's ranks show
             members = [r for r in members if r.pid] or members
         if any(r.debugger for r in members):
             return False  # a rank is being debugged: the others wait for it, not hang
-        started = all(r.attempt == self.fold.index and r.pid for r in members)
+        started = all(r.attempt == self.state.fold.index and r.pid for r in members)
         return started and any(self.alive(r) for r in members)
 
     def alive(self, r: RankState) -> bool:
         """Whether a rank of the current run is still running."""
-        if not r.local and not self.backend.scheduled:
+        if not r.local and not self.state.backend.scheduled:
             # another machine's rank: alive until it exits or its node is done
             return r.exit_code is None and not self.nodes.done(r.node)
-        return self.backend.rank_alive(r)
+        return self.state.backend.rank_alive(r)
 
     def _failed_ranks_of(self, token: str) -> list[int]:
-        return [r.rank for r in self.ranks if r.node == token and r.attempt == self.fold.index
-                and (self.fold.index in r.exceptions or r.exit_code != 0)]
+        return [r.rank for r in self.ranks if r.node == token and r.attempt == self.state.fold.index
+                and (self.state.fold.index in r.exceptions or r.exit_code != 0)]
 
     def _note_waiting_for_nodes(self, now: float) -> None:
         """Say once, after WAIT_NOTE_S without a rank, that the job waits for its nodes."""
-        if not self.spec.multinode or self.fold.current or self._wait_noted \
-                or now - self.t0 < WAIT_NOTE_S:
+        if not self.state.spec.multinode or self.state.fold.current or self._wait_noted \
+                or now - self.state.t0 < WAIT_NOTE_S:
             return
         self._wait_noted = True
         self.display.note(
-            f"no rank has started after {now - self.t0:.0f} s: the job waits until all "
-            f"{self.spec.nnodes} nodes have joined at {self.spec.rdzv_endpoint} (start the "
+            f"no rank has started after {now - self.state.t0:.0f} s: the job waits until all "
+            f"{self.state.spec.nnodes} nodes have joined at {self.state.spec.rdzv_endpoint} (start the "
             "same launch on every machine, each with its own node rank)")
 
     def _shutdown(self) -> None:
-        self.fold.stopping = self.reason not in (Ending.OK, Ending.FAILED)
-        if self.shared:
-            self.nodes.tell_others_to_stop(self.reason)
+        self.state.fold.stopping = self.state.reason not in (Ending.OK, Ending.FAILED)
+        if self.state.shared:
+            self.nodes.tell_others_to_stop(self.state.reason)
         ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid
-                            and self.backend.rank_alive(r)] if not self.backend.scheduled else []
-        self.backend.stop(ranks, self.reason, self.display.note)
+                            and self.state.backend.rank_alive(r)] if not self.state.backend.scheduled else []
+        self.state.backend.stop(ranks, self.state.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
-        for output in self.output:
+        for output in self.state.output:
             output.close()
         for tail in self.events:
             tail.close()
@@ -313,7 +324,7 @@ class Run:
         # Events of all ranks in the order they happened, so that the last events of
         # one attempt are never taken for the next attempt's.
         events: list[tuple[float, int, int, dict]] = []
-        for rank, (output, tail) in enumerate(zip(self.output, self.events)):
+        for rank, (output, tail) in enumerate(zip(self.state.output, self.events)):
             new_events = tail.poll(final=final)
             events.extend((ev.get("t", 0.0), rank, i, ev) for i, ev in enumerate(new_events))
             new = output.poll(final=final)
@@ -325,7 +336,7 @@ class Run:
         events.extend((rec.get("t", 0.0), -1, i, rec)
                       for i, rec in enumerate(self.endings.poll(final=final)))
         for _, rank, _, event in sorted(events, key=lambda e: e[:3]):
-            changes = self.fold.apply(rank, event) if rank >= 0 else self.fold.reaped(event)
+            changes = self.state.fold.apply(rank, event) if rank >= 0 else self.state.fold.reaped(event)
             for change in changes:
                 self._show(change)
 
@@ -343,23 +354,29 @@ class Run:
             self.last_activity = time.monotonic()  # silence counts from the session's end
             self.display.debugger(change[1], change[2])
 
+    def _close_attempt(self, attempt: Attempt, next_world_size: int) -> None:
+        """The fold replaces an attempt: record and show how it ended."""
+        entry = outcome.close_attempt(self.state, attempt, next_world_size, alive=self.alive)
+        self.state.attempts.append(entry)
+        self.display.note(attempt_line(entry))
+
     def set_state(self, r: RankState, state: RankStatus) -> None:
         """Change a rank's state and show it."""
-        for change in self.fold.set_state(r, state):
+        for change in self.state.fold.set_state(r, state):
             self._show(change)
 
     def _agent_fault_fired(self, ev: dict) -> None:
         """A rank of agent A killed its agent at step S (the fault's "fault" event)."""
-        attempt = self.fold.index
-        if attempt in self.fired:
+        attempt = self.state.fold.index
+        if attempt in self.state.fired:
             return
-        for i, fault in enumerate(self.spec.faults):
+        for i, fault in enumerate(self.state.spec.faults):
             if fault.get("agent") == ev.get("agent") and fault["step"] == ev.get("step") \
                     and fault["restart"] == ev.get("restart"):
-                self.fired[attempt] = i
-                assert self.fold.current is not None  # a rank of it reported the step
-                gone = sorted(self.fold.current.agents.get(fault["agent"], []))
-                self.backend.kill_agent(fault["agent"], [pid for g in gone if (pid := self.ranks[g].pid)
+                self.state.fired[attempt] = i
+                assert self.state.fold.current is not None  # a rank of it reported the step
+                gone = sorted(self.state.fold.current.agents.get(fault["agent"], []))
+                self.state.backend.kill_agent(fault["agent"], [pid for g in gone if (pid := self.ranks[g].pid)
                                                          and self.alive(self.ranks[g])], fault)
                 for rank in gone:
                     self.ranks[rank].exit_code = -signal.SIGKILL
@@ -372,7 +389,7 @@ class Run:
     def _diagnose_hang(self, silent: float) -> None:
         alive = [r for r in self.ranks if self.alive(r)]
         self.display.note(f"no rank made progress for {silent:.0f} s: reading every rank's stack")
-        offsets = {r.rank: outcome.stacks_size(self.run_dir, r.rank) for r in alive}
+        offsets = {r.rank: outcome.stacks_size(self.state.run_dir, r.rank) for r in alive}
         for r in alive:
             if r.local and r.pid:
                 try:
@@ -382,10 +399,10 @@ class Run:
         remote = sorted(r.rank for r in alive if not r.local)
         if remote:  # their launchers' machines: ask through the run folder
             self.nodes.request_stacks(remote)
-        dumps = outcome.wait_for_dumps(self.run_dir, offsets)
+        dumps = outcome.wait_for_dumps(self.state.run_dir, offsets)
         exited: dict[int, int | None] = {r.rank: r.exit_code for r in self._members()
                                           if r.exit_code is not None}
-        self.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.spec.script),
+        self.state.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.state.spec.script),
                                  exited=exited, silent_s=silent)
         for r in alive:
             self.set_state(r, RankStatus.HUNG)

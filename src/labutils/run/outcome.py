@@ -1,8 +1,9 @@
 """How a run, and each attempt of it, ended: the facts result.attempts and RunResult hold.
 
-The functions that take ``run`` read a follower's state (run/follow.py's Run: its
-spec, fold, back end and per-rank output) and write only result.attempts and rank
-states.
+The functions that take a ``RunState`` read what the follow loop (run/follow.py) has
+gathered and change nothing: close_attempt() returns an attempt's entry and
+final_result() returns the ending (the result, and the states and exit codes it
+settled), which the loop then records and shows.
 
 torchrun's own log is read here too: the agent writes one line per worker it saw
 fail (its exit code, by pid) and, at the end, its list of failed ranks, which is
@@ -17,17 +18,21 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from labutils.run.attempts import Attempt
+from labutils.run.attempts import Attempt, AttemptFold, RankState
+from labutils.run.backends import Backend
 from labutils.run.crash import explain_crash
 from labutils.run.diagnosis import Failure, find_failure
-from labutils.run.hang import collective_of, parse_faulthandler, user_frame, where_text
+from labutils.run.hang import Hang, collective_of, parse_faulthandler, user_frame, where_text
 from labutils.run.nodes import ranks_text
-from labutils.run.result import RankResult, RunResult, attempt_line
-from labutils.run.spec import public_fault
+from labutils.run.result import RankResult, RunResult
+from labutils.run.spec import LaunchSpec, public_fault
 from labutils.run.states import LIVE, Ending, RankStatus
+from labutils.run.streams import RankOutput
 from labutils.runtime import runfiles
 from labutils.runtime.procs import ownership_mode
 
@@ -40,6 +45,44 @@ _WORKER_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(
 # With a function entry point (a warm run's forked ranks) torchrun lists only the first
 # failed rank; it logs the signal it sends each rank still running when it ends them.
 _WORKER_SIGNALLED_RE = re.compile(r"(?:Terminating|Closing) process (\d+) via signal (SIG[A-Z]+)")
+
+
+@dataclass
+class RunState:
+    """What following one run has gathered, passed explicitly to this module's functions.
+
+    The follow loop (run/follow.py) owns it and is the only writer: spec, run folder,
+    back end, the fold of events into attempts (with every rank's RankState), each
+    rank's output; whether ranks run where this launcher cannot signal them; when the
+    run started; the attempts closed so far; which agent fault fired in which attempt;
+    why the run ended; the hang report.
+    """
+
+    spec: LaunchSpec
+    run_dir: Path
+    backend: Backend
+    fold: AttemptFold
+    output: list[RankOutput]
+    shared: bool = False
+    t0: float = 0.0
+    attempts: list[dict] = field(default_factory=list)
+    fired: dict[int, int] = field(default_factory=dict)  # attempt -> index in spec.faults
+    reason: Ending = Ending.OK
+    hang: Hang | None = None
+
+    @property
+    def ranks(self) -> list[RankState]:
+        return self.fold.ranks
+
+
+@dataclass
+class Settled:
+    """final_result()'s answer: the result, and what it settled that the loop applies
+    (and shows): each rank's final state where it changed, each exit code it corrected."""
+
+    result: RunResult
+    states: dict[int, RankStatus]
+    exit_codes: dict[int, int | None]
 
 
 def agent_rank_codes(agent_text: str) -> dict[int, int]:
@@ -130,18 +173,18 @@ def stacks_size(run_dir: Path, rank: int) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def stopped_at(run, rank_state) -> dict | None:
+def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
     """Where a rank that SIGTERM ended was waiting, from the stacks it dumped then
     (runfiles.ended_stacks_path): {"collective", "where", "source"}, or None when it
     dumped none or was not inside a torch.distributed call (backward counts: DDP's
     gradient all-reduce)."""
-    path = runfiles.ended_stacks_path(run.run_dir, rank_state.rank)
+    path = runfiles.ended_stacks_path(state.run_dir, rank_state.rank)
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return None
     frames = parse_faulthandler(text, rank_state.main_tid)
-    at = user_frame(frames, str(run.spec.script))
+    at = user_frame(frames, str(state.spec.script))
     collective = collective_of(frames, at)
     if at is None or not collective:
         return None
@@ -149,20 +192,20 @@ def stopped_at(run, rank_state) -> dict | None:
             "source": linecache.getline(at.file, at.line).strip()}
 
 
-def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
-               finished: AbstractSet[int] = frozenset()):
+def failure_of(state: RunState, attempt: int, exit_codes: dict[int, int | None],
+               finished: AbstractSet[int] = frozenset()) -> Failure | None:
     """The root cause among an attempt's ranks (diagnosis.find_failure), or None."""
-    members = [run.ranks[rank] for rank in exit_codes]
+    members = [state.ranks[rank] for rank in exit_codes]
     exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}
     failed = [r.rank for r in members
               if r.rank in exceptions or (exit_codes.get(r.rank) not in (0, None))]
-    stderr = {r.rank: [line for stream, line in run.output[r.rank].combined if stream == "stderr"]
+    stderr = {r.rank: [line for stream, line in state.output[r.rank].combined if stream == "stderr"]
               for r in members}
     tails = {rank: "\n".join(lines[-20:]) for rank, lines in stderr.items()}
     ended = [r for r in members if r.attempt == attempt]
     stopped = {r.rank: position for r in members
                if r.rank not in exceptions and exit_codes.get(r.rank) == -signal.SIGTERM
-               and (position := stopped_at(run, r))}
+               and (position := stopped_at(state, r))}
     failure = find_failure(exceptions, exit_codes, failed, finished=finished,
                            stderr_tails=tails,
                            ended_at={r.rank: r.ended_t for r in ended if r.ended_t is not None},
@@ -174,35 +217,37 @@ def failure_of(run, attempt: int, exit_codes: dict[int, int | None],
     return failure
 
 
-def fault_of(run, attempt: int) -> dict | None:
+def fault_of(state: RunState, attempt: int) -> dict | None:
     """The fault meant for an attempt: its agent fault if it fired, else its rank fault."""
-    if attempt in run.fired:
-        return run.spec.faults[run.fired[attempt]]
-    for fault in run.spec.faults:
+    if attempt in state.fired:
+        return state.spec.faults[state.fired[attempt]]
+    for fault in state.spec.faults:
         if "rank" in fault and fault["restart"] == attempt:
             return fault
     return None
 
 
-def describe(run, entry: dict, attempt: Attempt | None, fault: dict | None) -> None:
+def describe(state: RunState, entry: dict, attempt: Attempt | None, fault: dict | None) -> None:
     """describe_attempt() with what the run knows of the attempt."""
     describe_attempt(
-        entry, world_size=attempt.world_size if attempt else run.spec.world_size,
+        entry, world_size=attempt.world_size if attempt else state.spec.world_size,
         restart_count=attempt.restart_count if attempt else 0,
-        agents=(attempt.agents if attempt else {}) if run.spec.local_agents > 1 else None,
+        agents=(attempt.agents if attempt else {}) if state.spec.local_agents > 1 else None,
         fault=fault)
 
 
-def close_attempt(run, attempt: Attempt, next_world_size: int) -> None:
-    """Record why the attempt that is being replaced ended (the fold calls this)."""
-    seen = worker_exit_codes(run.backend.logs())
-    fault = fault_of(run, attempt.index)
+def close_attempt(state: RunState, attempt: Attempt, next_world_size: int, *,
+                  alive: Callable[[RankState], bool]) -> dict:
+    """Why the attempt that is being replaced ended (the fold asks when it replaces it):
+    its entry for result.attempts. alive: whether a rank's process still runs."""
+    seen = worker_exit_codes(state.backend.logs())
+    fault = fault_of(state, attempt.index)
     codes = {}
-    for r in run.ranks:
+    for r in state.ranks:
         if r.attempt != attempt.index or not r.pid:
             continue
         code = r.exit_code
-        if code is None and r.local and not run.alive(r):
+        if code is None and r.local and not alive(r):
             if r.pid in seen:
                 code = seen[r.pid]
             elif fault and fault.get("rank") == r.rank:
@@ -210,83 +255,89 @@ def close_attempt(run, attempt: Attempt, next_world_size: int) -> None:
             else:
                 code = -signal.SIGTERM  # torchrun stopped it because a peer failed
         codes[r.rank] = code
-    failure = failure_of(run, attempt.index, codes)
+    failure = failure_of(state, attempt.index, codes)
     entry = attempt_entry(attempt.index, failure, codes)
-    describe(run, entry, attempt, fault)
+    describe(state, entry, attempt, fault)
     if failure is None and fault is None and next_world_size > attempt.world_size:
         entry["outcome"] = "membership change"
         entry["why"] = (f"more agents joined (world size {attempt.world_size} -> "
                         f"{next_world_size}): torchrun restarts every rank to let them in")
-    run.attempts.append(entry)
-    run.display.note(attempt_line(entry))
+    return entry
 
 
-def final_result(run) -> RunResult:
-    """The RunResult once every process is gone: exit codes settled with torchrun's
-    log, the failure found, the last attempt recorded, every rank's final state."""
-    logs = run.backend.logs(faulted=False)
+def final_result(state: RunState, *, now: float) -> Settled:
+    """The ending once every process is gone, from the state and the logs: exit codes
+    settled with torchrun's log, the failure found, the last attempt recorded, every
+    rank's final state. Nothing in the state changes: the loop applies what it says."""
+    backend, reason = state.backend, state.reason
+    logs = backend.logs(faulted=False)
     agent_text = "\n".join(p.read_text(errors="replace") for p in logs)
-    if run.shared:  # every node's torchrun says which of its ranks failed
+    if state.shared:  # every node's torchrun says which of its ranks failed
         agent_text = "\n".join(p.read_text(errors="replace")
-                               for p in runfiles.agent_logs(run.run_dir))
+                               for p in runfiles.agent_logs(state.run_dir))
     agent_codes = agent_rank_codes(agent_text)
-    members = [r for r in run.ranks if r.attempt == run.fold.index] if run.fold.current \
-        else run.ranks
+    members = [r for r in state.ranks if r.attempt == state.fold.index] \
+        if state.fold.current else state.ranks
+    codes: dict[int, int | None] = {r.rank: r.exit_code for r in state.ranks}
+    states: dict[int, RankStatus] = {}
     finished = set()
     for r in members:
         if r.rank in agent_codes and agent_codes[r.rank] != r.exit_code:
             if r.exit_code == 0:
                 finished.add(r.rank)
-                run.set_state(r, RankStatus.KILLED if agent_codes[r.rank] == -signal.SIGTERM
-                              else RankStatus.FAILED)
-            r.exit_code = agent_codes[r.rank]
+                states[r.rank] = RankStatus.KILLED if agent_codes[r.rank] == -signal.SIGTERM \
+                    else RankStatus.FAILED
+            codes[r.rank] = agent_codes[r.rank]
     seen = worker_exit_codes(logs)  # a warm run's torchrun lists only the first failure
     for r in members:
-        if r.exit_code is None and r.pid in seen:
-            r.exit_code = seen[r.pid]
+        if codes[r.rank] is None and r.pid in seen:
+            codes[r.rank] = seen[r.pid]
     for r in members:  # its script ended, then its process died (the agent reaped it so)
-        if r.exit_event and r.exit_event.get("code") == 0 and r.exit_code not in (0, None):
+        if r.exit_event and r.exit_event.get("code") == 0 and codes[r.rank] not in (0, None):
             finished.add(r.rank)
-            run.set_state(r, RankStatus.KILLED if r.exit_code == -signal.SIGTERM
-                          else RankStatus.FAILED)
+            states[r.rank] = RankStatus.KILLED if codes[r.rank] == -signal.SIGTERM \
+                else RankStatus.FAILED
+    member_codes = {r.rank: codes[r.rank] for r in members}
     failure = None
-    if run.reason == Ending.FAILED:
-        failure = failure_of(run, run.fold.index, {r.rank: r.exit_code for r in members},
-                             finished)
+    if reason == Ending.FAILED:
+        failure = failure_of(state, state.fold.index, member_codes, finished)
         if failure is None:
             failure = agent_failure(agent_text or "\n".join(
-                p.read_text(errors="replace") for p in run.backend.logs()))
-    for r in run.ranks:
-        if r.state in LIVE:  # a rank at a breakpoint at the end too
-            if run.reason == Ending.FAILED and failure and r.rank == failure.rank:
-                run.set_state(r, RankStatus.FAILED)
-            elif run.reason == Ending.OK and r.exit_code == 0:
-                run.set_state(r, RankStatus.DONE)
+                p.read_text(errors="replace") for p in backend.logs()))
+    for r in state.ranks:
+        if states.get(r.rank, r.state) in LIVE:  # a rank at a breakpoint at the end too
+            if reason == Ending.FAILED and failure and r.rank == failure.rank:
+                states[r.rank] = RankStatus.FAILED
+            elif reason == Ending.OK and codes[r.rank] == 0:
+                states[r.rank] = RankStatus.DONE
             else:
-                run.set_state(r, RankStatus.KILLED)
-    entry = attempt_entry(run.fold.index, failure, {r.rank: r.exit_code for r in members},
-                          final=run.reason)
-    describe(run, entry, run.fold.current, run.spec.faults[run.fired[run.fold.index]]
-             if run.fold.index in run.fired else None)
-    run.attempts.append(entry)
+                states[r.rank] = RankStatus.KILLED
+    entry = attempt_entry(state.fold.index, failure, member_codes, final=reason)
+    describe(state, entry, state.fold.current, state.spec.faults[state.fired[state.fold.index]]
+             if state.fold.index in state.fired else None)
     victims = set(failure.victims) if failure else set()
-    shown = run.ranks
-    if (run.spec.elastic or run.shared) and any(r.pid for r in run.ranks):
-        shown = [r for r in run.ranks if r.pid]  # the ranks that ran in some attempt
-    ranks = [RankResult(rank=r.rank, state=str(r.state), exit_code=r.exit_code, pid=r.pid,
-                        log_dir=run.run_dir, stdout_lines=run.output[r.rank].counts["stdout"],
-                        stderr_lines=run.output[r.rank].counts["stderr"],
-                        tail=list(run.output[r.rank].combined)[-50:],
+    shown = state.ranks
+    if (state.spec.elastic or state.shared) and any(r.pid for r in state.ranks):
+        shown = [r for r in state.ranks if r.pid]  # the ranks that ran in some attempt
+    ranks = [RankResult(rank=r.rank, state=str(states.get(r.rank, r.state)),
+                        exit_code=codes[r.rank], pid=r.pid,
+                        log_dir=state.run_dir, stdout_lines=state.output[r.rank].counts["stdout"],
+                        stderr_lines=state.output[r.rank].counts["stderr"],
+                        tail=list(state.output[r.rank].combined)[-50:],
                         victim=r.rank in victims)
              for r in shown]
-    return RunResult(
-        ok=run.reason == Ending.OK,
-        world_size=run.fold.current.world_size if run.fold.current else run.spec.world_size,
-        duration_s=time.monotonic() - run.t0, log_dir=run.run_dir, ranks=ranks,
-        records=run.fold.records, failure=failure, hang=run.hang, attempts=run.attempts,
-        reason=str(run.reason), script=str(run.spec.script), command=run.backend.command,
-        commands=run.backend.commands, agent_exit_code=run.backend.exit_code,
-        ownership=ownership_mode() if run.backend.agents else None,
-        start=run.backend.startup.kind, start_reason=run.backend.startup.reason,
-        warm_server=run.backend.startup.new_server,
+    result = RunResult(
+        ok=reason == Ending.OK,
+        world_size=state.fold.current.world_size if state.fold.current else state.spec.world_size,
+        duration_s=now - state.t0, log_dir=state.run_dir, ranks=ranks,
+        records=state.fold.records, failure=failure, hang=state.hang,
+        attempts=[*state.attempts, entry],
+        reason=str(reason), script=str(state.spec.script), command=backend.command,
+        commands=backend.commands, agent_exit_code=backend.exit_code,
+        ownership=ownership_mode() if backend.agents else None,
+        start=backend.startup.kind, start_reason=backend.startup.reason,
+        warm_server=backend.startup.new_server,
     )
+    changed = {rank: st for rank, st in states.items() if st != state.ranks[rank].state}
+    fixed = {rank: c for rank, c in codes.items() if c != state.ranks[rank].exit_code}
+    return Settled(result, changed, fixed)

@@ -1,0 +1,123 @@
+"""run/outcome.py without torchrun or a follow loop: a RunState built by hand, from the
+events a run folder holds, and the ending computed from it alone.
+
+final_result() and close_attempt() are functions of the state and the logs: they
+return what they settled and change nothing, and the loop applies it (run/follow.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+
+from labutils.run import outcome
+from labutils.run.attempts import AttemptFold
+from labutils.run.backends import Backend
+from labutils.run.spec import make_spec
+from labutils.run.states import Ending, RankStatus
+from labutils.run.streams import RankOutput
+from labutils.run.warm import Start
+
+SCRIPT = "train.py"
+
+
+class Over(Backend):
+    """A back end whose agents have run and left no log."""
+
+    def __init__(self, agent_log: str = "") -> None:
+        self.command, self.commands, self.agents = ["torchrun"], [["torchrun"]], []
+        self.startup = Start("warm")
+        self.agent_log = agent_log
+
+    @property
+    def exit_code(self) -> int | None:
+        return 1
+
+    def logs(self, *, faulted: bool = True):
+        return []
+
+
+def _state(tmp_path, events: dict[int, list[dict]], endings: list[dict], *,
+           reason=Ending.FAILED) -> outcome.RunState:
+    (tmp_path / SCRIPT).write_text("pass\n")
+    spec = make_spec(tmp_path / SCRIPT, len(events))
+    fold = AttemptFold(spec.world_size)
+    for rank, evs in events.items():
+        for ev in evs:
+            fold.apply(rank, ev)
+    for rec in endings:
+        fold.reaped(rec)
+    return outcome.RunState(spec=spec, run_dir=tmp_path, backend=Over(), fold=fold,
+                            output=[RankOutput(tmp_path, r) for r in events], reason=reason)
+
+
+def _start(rank: int, t: float) -> dict:
+    return {"kind": "start", "t": t, "pid": 100 + rank, "main_tid": 1, "restart": 0,
+            "local_rank": rank, "world_size": 2, "host": "vm", "agent": 0, "node": ""}
+
+
+def _gloo_error(t: float) -> dict:
+    return {"kind": "exception", "t": t, "restart": 0, "exc_type": "RuntimeError",
+            "message": "Connection closed by peer [127.0.0.1]:1234", "file": f"/x/{SCRIPT}",
+            "line": 9, "source": "dist.all_reduce(x)", "traceback": ""}
+
+
+def _snapshot(state: outcome.RunState):
+    return ([(r.rank, r.state, r.exit_code) for r in state.ranks], copy.deepcopy(state.attempts))
+
+
+def test_the_rank_that_exited_first_is_the_root_cause_and_nothing_in_the_state_changes(tmp_path):
+    state = _state(tmp_path, {
+        0: [_start(0, 1.0), _gloo_error(3.0)],
+        1: [_start(1, 1.0), {"kind": "exit", "t": 2.0, "code": 3, "restart": 0,
+                             "file": f"/x/{SCRIPT}", "line": 5, "source": "sys.exit(3)"}],
+    }, [{"host": "vm", "pid": 101, "code": 3, "t": 2.1}, {"host": "vm", "pid": 100, "code": 1, "t": 3.1}])
+    before = _snapshot(state)
+    settled = outcome.final_result(state, now=10.0)
+    assert _snapshot(state) == before  # a function of the state: the loop applies it
+    result = settled.result
+    assert (result.failure.rank, result.failure.kind) == (1, "exit")
+    assert result.failure.victims == [0]
+    assert [r.victim for r in result.ranks] == [True, False]
+    # both raised or exited of their own: the victim is flagged, not killed
+    assert [r.state for r in result.ranks] == ["failed", "failed"]
+    assert settled.states == {}  # the events had set both already
+    assert result.attempts[-1]["failed_rank"] == 1 and state.attempts == []
+    assert result.duration_s == 10.0 - state.t0
+
+
+def test_a_rank_whose_script_ended_and_then_died_is_settled_as_failed(tmp_path):
+    """Its exit event says 0; the agent reaped it with SIGABRT (died in teardown)."""
+    state = _state(tmp_path, {
+        0: [_start(0, 1.0), {"kind": "exit", "t": 2.0, "code": 0, "restart": 0}],
+        1: [_start(1, 1.0), {"kind": "exit", "t": 2.0, "code": 0, "restart": 0}],
+    }, [{"host": "vm", "pid": 100, "code": -signal.SIGABRT, "t": 2.5},
+        {"host": "vm", "pid": 101, "code": 0, "t": 2.5}])
+    settled = outcome.final_result(state, now=5.0)
+    assert settled.result.failure.rank == 0
+    assert settled.result.ranks[0].exit_code == -signal.SIGABRT
+    assert settled.states.get(0) == RankStatus.FAILED
+    assert settled.result.ranks[1].state == "done" and settled.result.ranks[1].exit_code == 0
+
+
+def test_an_ok_run_ends_every_rank_done(tmp_path):
+    events = {r: [_start(r, 1.0), {"kind": "exit", "t": 2.0, "code": 0, "restart": 0}]
+              for r in (0, 1)}
+    state = _state(tmp_path, events, [{"host": "vm", "pid": 100 + r, "code": 0, "t": 2.5}
+                                      for r in (0, 1)], reason=Ending.OK)
+    settled = outcome.final_result(state, now=3.0)
+    assert settled.result.ok and settled.result.failure is None
+    assert [r.state for r in settled.result.ranks] == ["done", "done"]
+    assert settled.exit_codes == {}  # nothing to correct
+
+
+def test_closing_an_attempt_returns_its_entry_and_reads_liveness_from_the_caller(tmp_path):
+    """Rank 1 raised; rank 0 is gone without an exit code (torchrun stopped it)."""
+    state = _state(tmp_path, {0: [_start(0, 1.0)],
+                              1: [_start(1, 1.0), {**_gloo_error(2.0), "message": "boom",
+                                                   "exc_type": "ValueError"}]}, [])
+    attempt = state.fold.current
+    entry = outcome.close_attempt(state, attempt, 2, alive=lambda r: False)
+    assert entry["failed_rank"] == 1 and entry["why"] == "ValueError: boom"
+    assert entry["exit_codes"]["0"] == -signal.SIGTERM
+    assert entry["outcome"] == "restarted" and state.attempts == []
