@@ -75,12 +75,13 @@ for name, options in SETTINGS.items():
     buffers = {c.storage: c.nbytes for c in recorder.calls if c.iteration == recorder.iteration - 1}
     grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
              for p in ddp.parameters()}
-    views = sum(ptr in buffers for ptr in grads)
+    # each parameter's .grad counted once, whatever storage it shares
+    views = sum(p.grad.untyped_storage().data_ptr() in buffers for p in ddp.parameters())
     info = reducer_buckets(ddp)
     if rank == 0:
         report(part="options", setting=name, seconds=median(seconds),
                initial_buckets=len(info["initial_sizes"]), rebuilt_buckets=len(info["rebuilt_sizes"]),
-               grads_in_buckets=f"{views} of {len(grads)}",
+               grads_in_buckets=f"{views} of {len(list(ddp.parameters()))}",
                gradient_mib=sum({**grads, **buffers}.values()) / 2**20)
     del ddp, opt, recorder
 

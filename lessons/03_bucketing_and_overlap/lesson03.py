@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from statistics import median
 
 from labutils.course import selfcheck
 from labutils.course.ddp_probes import predict_buckets
@@ -177,10 +178,25 @@ def trace_lanes(path: str | os.PathLike) -> tuple[dict, dict, dict]:
 
 # ------------------------------------------------------------------ 4. sweep
 
+BETA_FROM = 1 << 20  # beta from the calls of at least 1 MiB
+
+
 def alpha_beta_fit(records: Iterable[dict]) -> tuple[AlphaBeta, list[int], list[float]]:
-    """The alpha-beta fit of sweep.py's all_reduce timings (and the points)."""
+    """The alpha-beta model of sweep.py's all_reduce timings (and the points).
+
+    beta from the calls of BETA_FROM bytes and more: an HTB class lets a burst of some
+    tens of KiB through at the machine's own speed before its rate applies, so the
+    small calls run faster than the cap, and a fit over every size (which weighs each
+    size's relative error alike) would put beta above the link's rate. alpha is then
+    what is left of the small calls (under 64 KiB) once their bytes are paid at beta:
+    the median of t - bytes / beta.
+    """
     rec = _part(records, "alpha_beta")[0]
-    return fit_alpha_beta(rec["nbytes"], rec["seconds"]), rec["nbytes"], rec["seconds"]
+    sizes, times = rec["nbytes"], rec["seconds"]
+    big = [(x, t) for x, t in zip(sizes, times) if x >= BETA_FROM]
+    beta = fit_alpha_beta([x for x, _ in big], [t for _, t in big]).beta_Bps
+    alpha = max(0.0, median(t - x / beta for x, t in zip(sizes, times) if x < 64 << 10))
+    return AlphaBeta(alpha_s=alpha, beta_Bps=beta), sizes, times
 
 
 def cap_mib(cap: float) -> str:

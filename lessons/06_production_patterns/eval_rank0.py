@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 eval_rank0.py ddp|module
 
-The model has BatchNorm, so it has buffers; DDP (broadcast_buffers=True, the default)
+The model has BatchNorm, so it has buffers; DDP (forward_sync_buffers, on by default)
 broadcasts rank 0's buffers at the start of every forward. A forward through `ddp`
 on rank 0 alone is a collective that rank 1 never joins: rank 0 waits in the buffer
 broadcast, rank 1 waits in the next collective it reaches. `ddp.module` is the plain

@@ -52,18 +52,30 @@ def trace_file(name: str) -> str:
 
 def trace_overlap(name: str) -> str:
     """From rank 0's Chrome trace: gloo:all_reduce events per profiled step, and in how
-    many steps one of them started before that step's backward ended."""
+    many steps the first of them started before the step's backward had computed its
+    last gradient (the end of its last autograd::engine::evaluate_function event).
+
+    The profiler's "backward" span cannot tell: it holds DDP's wait for the last
+    buckets too, so under DDP every all-reduce starts inside it, overlapping or not.
+    """
     import json
 
     events = json.loads((FILES / name / "ddp_step_rank0.json").read_text())["traceEvents"]
-    backward = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "backward")
-    starts = [e["ts"] for e in events if e.get("name") == "gloo:all_reduce"]
-    per_step = [[t for t in starts if lo <= t < (backward[i + 1][0] if i + 1 < len(backward) else math.inf)]
-                for i, (lo, _) in enumerate(backward)]
-    early = sum(any(t < end for t in ts) for ts, (_, end) in zip(per_step, backward))
-    counts = sorted({len(ts) for ts in per_step})
-    return (f"gloo:all_reduce events per profiled step: {', '.join(map(str, counts))}\n"
-            f"steps in which an all_reduce started before backward ended: {early} of {len(backward)}")
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    backward = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("name") == "backward")
+    ops = [(e["ts"], e["ts"] + e["dur"]) for e in spans
+           if e.get("name", "").startswith("autograd::engine::evaluate_function: ")]
+    starts = [e["ts"] for e in spans if e.get("name") == "gloo:all_reduce"]
+    bounds = [lo for lo, _ in backward[1:]] + [math.inf]
+    early, counts = 0, set()
+    for (lo, end), nxt in zip(backward, bounds):
+        mine = [t for t in starts if lo <= t < nxt]
+        computed = max((b for a, b in ops if lo <= a <= end), default=None)
+        counts.add(len(mine))
+        early += bool(mine and computed is not None and min(mine) < computed)
+    return (f"gloo:all_reduce events per profiled step: {', '.join(map(str, sorted(counts)))}\n"
+            f"steps whose first all_reduce started before backward computed its last gradient: "
+            f"{early} of {len(backward)}")
 
 
 def batchnorm_table(run) -> str:

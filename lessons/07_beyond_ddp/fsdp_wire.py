@@ -19,7 +19,8 @@ step by step, so that whatever else loads the machine slows every way alike:
 - FSDP2 with an all-to-all reduce-scatter: the same, with the reduce-scatter replaced
   (set_custom_reduce_scatter) by AllToAllReduceScatter below, which sends a rank's
   (n-1)/n of the gradients, as a ring reduce-scatter does. gloo's own
-  reduce_scatter_tensor all-reduces the whole input and keeps its chunk.
+  reduce_scatter_single (once reduce_scatter_tensor) all-reduces the whole input and
+  keeps its chunk.
 
 Per way and step: the step time; the bytes this rank's host link sent during the step
 (labutils.dist.link_bytes(): the counters that cluster.counters(host) reads from

@@ -195,8 +195,10 @@ def fsdp_traffic_table(records: Iterable[dict], *, world_size: int) -> str:
 
 
 def fsdp_check_table(records: Iterable[dict]) -> str:
-    """Per run and rank: the loss curve against DDP's (assert_close), the final weights (bitwise)."""
-    rows = [[r["run"], r["rank"], r["loss_curve"], "bitwise equal" if r["weights_bitwise"] else "not bitwise"]
+    """Per run and rank: the loss curve against DDP's (assert_close), the final weights
+    (bitwise). DDP's own rows are the reference the others are compared with."""
+    rows = [[f"{r['run']} (the reference)", r["rank"], "-", "-"] if r["run"] == "DDP" else
+            [r["run"], r["rank"], r["loss_curve"], "bitwise equal" if r["weights_bitwise"] else "not bitwise"]
             for r in _part(records, "check")]
     order = list(dict.fromkeys(row[0] for row in rows))
     rows.sort(key=lambda row: (order.index(row[0]), row[1]))

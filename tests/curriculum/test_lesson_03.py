@@ -193,3 +193,20 @@ def test_hooks_table_has_one_unit_per_column():
     assert "KiB" not in table and "µs" not in table and " s " not in table
     row = table.splitlines()[3].split()
     assert row[2:5] == ["11.000", "0.070", "156x"] and row[-1] == "1170"
+
+
+def test_beta_comes_from_the_large_calls_and_alpha_from_the_small_ones():
+    """A link capped at 48 MB/s whose HTB burst lets calls under 64 KiB through at
+    twice the rate: a fit over every size would put beta above the cap; the lesson's
+    model gives the cap and the fixed cost."""
+    from labutils.course.timing import fit_alpha_beta
+
+    alpha, cap = 150e-6, 48e6
+    sizes = [2**k for k in range(12, 23, 2)]  # sweep.py's: 4 KiB .. 4 MiB
+    times = [alpha + x / (2 * cap if x < 64 << 10 else cap) for x in sizes]
+    fit, got_sizes, got_times = L.alpha_beta_fit([{"part": "alpha_beta", "nbytes": sizes,
+                                                   "seconds": times}])
+    assert (got_sizes, got_times) == (sizes, times)
+    assert fit.beta_Bps == pytest.approx(cap, rel=1e-6)
+    assert fit.alpha_s == pytest.approx(alpha + (4096 + 16384) / 2 * (1 / (2 * cap) - 1 / cap))
+    assert fit_alpha_beta(sizes, times).beta_Bps > 1.02 * cap  # what the lesson avoids

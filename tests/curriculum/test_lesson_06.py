@@ -285,22 +285,6 @@ def test_refused_loopback_reads_the_ranks_errors(lesson06):
         "rank 2: RuntimeError: Gloo connectFullMesh failed with [.../third_party/gloo/")
 
 
-def test_trace_overlap_counts_steps_whose_allreduce_starts_inside_backward(lesson06, tmp_path,
-                                                                           monkeypatch):
-    import json
-
-    monkeypatch.chdir(tmp_path)
-    trace = tmp_path / "runs" / "06_files" / "t" / "ddp_step_rank0.json"
-    trace.parent.mkdir(parents=True)
-    events = [{"name": "backward", "ts": 0, "dur": 100}, {"name": "backward", "ts": 200, "dur": 100},
-              {"name": "gloo:all_reduce", "ts": 50, "dur": 80},   # step 1: inside backward
-              {"name": "gloo:all_reduce", "ts": 310, "dur": 20}]  # step 2: after backward
-    trace.write_text(json.dumps({"traceEvents": events}))
-    assert lesson06.trace_overlap("t").splitlines() == [
-        "gloo:all_reduce events per profiled step: 1",
-        "steps in which an all_reduce started before backward ended: 1 of 2"]
-
-
 def test_node_commands_parse_with_the_cli_and_differ_only_in_node_rank(lesson06):
     import shlex
 
@@ -331,3 +315,30 @@ def test_show_function_prints_a_scripts_function_or_says_it_is_missing(lesson06,
     assert shown.startswith("def measure(") and "ddp.no_sync()" in shown
     with pytest.raises(LookupError, match="no function nothing in scaling.py"):
         lesson06.show_function("scaling.py", "nothing")
+
+
+def _trace(folder, steps: list[tuple[float, float, float]]) -> None:
+    """A profile of DDP steps, each (backward's end, its last autograd op's end, the
+    first all_reduce's start) in microseconds from the step's start at 100k * i."""
+    events = []
+    for i, (end, last_op, first) in enumerate(steps):
+        t = 100_000 * i
+        events += [{"ph": "X", "name": "backward", "ts": t, "dur": end},
+                   {"ph": "X", "name": "autograd::engine::evaluate_function: AddmmBackward0",
+                    "ts": t + 10, "dur": last_op - 10},
+                   {"ph": "X", "name": "gloo:all_reduce", "ts": t + first, "dur": 5_000},
+                   {"ph": "X", "name": "gloo:all_reduce", "ts": t + end - 100, "dur": 50}]
+    folder.mkdir(parents=True)
+    (folder / "ddp_step_rank0.json").write_text(__import__("json").dumps({"traceEvents": events}))
+
+
+def test_overlap_is_read_against_the_last_gradient_not_the_backward_span(lesson06, tmp_path,
+                                                                       monkeypatch):
+    """Every all-reduce starts inside the profiler's backward span (DDP's wait is in it);
+    a step overlaps only when one starts before backward computed its last gradient."""
+    monkeypatch.setattr(lesson06, "FILES", tmp_path)
+    _trace(tmp_path / "t", [(30_000, 20_000, 8_000), (30_000, 20_000, 25_000),
+                            (30_000, 20_000, 21_000)])
+    assert lesson06.trace_overlap("t").splitlines() == [
+        "gloo:all_reduce events per profiled step: 2",
+        "steps whose first all_reduce started before backward computed its last gradient: 1 of 3"]

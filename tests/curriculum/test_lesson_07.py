@@ -188,3 +188,15 @@ def test_fsdp_wire_ways_learn_the_same_and_log_their_collectives(runs_dir, lesso
     assert ops["FSDP2"] == ["all_gather_single"] * 9 + ["reduce_scatter_single"] * 5
     assert ops["FSDP2, all-to-all reduce-scatter"] == ["all_gather_single"] * 9 + ["all_to_all_single"] * 5
     assert all(r["sent"] is None for r in result.records if r["part"] == "wire step")
+
+
+def test_the_fsdp_check_table_shows_ddp_as_the_reference_not_as_equal_to_itself(lesson07):
+    records = [{"part": "check", "run": run, "rank": rank, "loss_curve": curve,
+                "weights_bitwise": bitwise}
+               for run, curve, bitwise in (("DDP", "equal (assert_close)", True),
+                                           ("FSDP2", "DIFFERENT", False))
+               for rank in (0, 1)]
+    rows = [line.split("  ") for line in lesson07.fsdp_check_table(records).splitlines()[2:]]
+    rows = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    assert rows == [["DDP (the reference)", "0", "-", "-"], ["DDP (the reference)", "1", "-", "-"],
+                    ["FSDP2", "0", "DIFFERENT", "not bitwise"], ["FSDP2", "1", "DIFFERENT", "not bitwise"]]
