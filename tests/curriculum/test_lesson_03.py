@@ -210,3 +210,22 @@ def test_beta_comes_from_the_large_calls_and_alpha_from_the_small_ones():
     assert fit.beta_Bps == pytest.approx(cap, rel=1e-6)
     assert fit.alpha_s == pytest.approx(alpha + (4096 + 16384) / 2 * (1 / (2 * cap) - 1 / cap))
     assert fit_alpha_beta(sizes, times).beta_Bps > 1.02 * cap  # what the lesson avoids
+
+
+def test_deep256_makes_24_buckets_at_a_quarter_mib_and_48_under_1_kib():
+    """Section 4's reading of the sweep: DDP's rule on deep256's gradients in the order
+    backward makes them ready (per layer, the bias before the weight, last layer first)."""
+    import sys
+
+    from labutils.course.ddp_probes import predict_buckets
+
+    sys.path.insert(0, str(LESSON))
+    try:
+        from models import make_mlp, linear_layers
+    finally:
+        sys.path.remove(str(LESSON))
+    layers = list(linear_layers(make_mlp("deep256")).values())[::-1]
+    sizes = [t.numel() * t.element_size() for layer in layers for t in (layer.bias, layer.weight)]
+    assert len(sizes) == 48
+    assert len(predict_buckets(sizes, cap_bytes=MiB // 4)) == 24
+    assert len(predict_buckets(sizes, cap_bytes=512)) == 48

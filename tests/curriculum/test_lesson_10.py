@@ -211,3 +211,27 @@ def test_collective_counter_sizes_and_groups(runs_dir, tmp_path):
                    ("all_gather", "float32", 256, 2, "inner"),
                    ("reduce_scatter", "float32", 256, 2, "outer")]
     assert rec["counts"] == 5  # CommDebugMode's own count agrees
+
+
+def test_comm_debug_mode_counts_dtensors_collectives_but_not_a_barrier(tmp_path):
+    """Section 1's caveat, on a world of one in a process of its own: CommDebugMode
+    counts all_reduce and broadcast, and a barrier goes uncounted."""
+    import subprocess
+    import sys
+
+    code = """
+import torch, torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+t = torch.ones(4)
+with CommDebugMode() as mode:
+    dist.barrier()
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+print(sorted(map(str, mode.get_comm_counts())), mode.get_total_counts())
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "['c10d.allreduce_', 'c10d.broadcast_'] 2"
