@@ -376,9 +376,13 @@ class Checker:
         workdir = self.scratch / f"run{len(self.cache) + 1}"
         workdir.mkdir(parents=True, exist_ok=True)
         scale = hang_scale()   # the lab's timeouts are for 2 cores; longer with fewer
+        # One intra-op thread per rank at every world size, 1 included (torchrun sets it
+        # for 2 ranks and more only): a grader runs submissions side by side on few
+        # cores, and one value lets every run of the checks fork from one warm server
+        # (a run whose OMP_NUM_THREADS differs needs a server of its own, run/warm.py).
         options = dict(args=args, hang_timeout=hang_timeout * scale, timeout=timeout * scale,
                        max_restarts=max_restarts, fault=fault, display="none",
-                       log_dir=workdir / "runs", backend="gloo")
+                       log_dir=workdir / "runs", backend="gloo", env={"OMP_NUM_THREADS": "1"})
         here = os.getcwd()
         os.chdir(workdir)  # files a script writes (checkpoints) stay with its run
         try:
