@@ -184,6 +184,7 @@ NOTEBOOKS_THAT_DO_NOT_MEASURE = (
     "04_sampler_pitfalls.ipynb",  # which items each rank sees, a hang at a barrier
     "05_elastic_training.ipynb",  # restarts after kills at steps, equal weights
     "10_current_stack.ipynb",     # placements, bytes per collective, equal weights
+    "11_parallelism_in_several_dimensions.ipynb",  # equal gradients, collectives, saved bytes
 )
 
 

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from comm_count import CollectiveCounter
+from labutils.course.comm_count import CollectiveCounter
 from labutils.dist import init, report
 from models import MLP, mse, regression_batch
 

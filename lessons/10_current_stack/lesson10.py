@@ -14,7 +14,7 @@ import torch
 
 from labutils.course import selfcheck
 from labutils.course.tables import text_table
-from labutils.course.timing import busbw_factor
+from labutils.course.comm_count import sent_per_rank
 
 MiB = 2**20
 
@@ -22,13 +22,6 @@ MiB = 2**20
 def _part(records: Iterable[dict], part: str, **match) -> list[dict]:
     return sorted((r for r in records if r.get("part") == part and all(r.get(k) == v for k, v in match.items())),
                   key=lambda r: r["rank"])
-
-
-def sent_per_rank(call: dict) -> float:
-    """Bytes one rank sends for one counted collective, by lesson 02's formulas for a
-    ring (as NCCL runs them): the whole array times (n-1)/n for all-gather,
-    reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, n the group's size."""
-    return busbw_factor(call["op"], call["group_size"]) * call["nbytes"]
 
 
 def _mib(nbytes: float) -> str:

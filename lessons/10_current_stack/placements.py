@@ -23,7 +23,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from comm_count import CollectiveCounter
+from labutils.course.comm_count import CollectiveCounter
 from labutils.dist import init, report
 
 rank, world_size, device = init()

@@ -173,13 +173,11 @@ def test_self_check_accepts_the_right_answers(lesson10, capsys):
 # ------------------------------------------------------------------ a real run
 
 COUNTED = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, sys.argv[1])  # the lesson folder: comm_count.py
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate, Shard, DTensor, distribute_tensor
-    from comm_count import CollectiveCounter
+    from labutils.course.comm_count import CollectiveCounter
     from labutils.dist import init, report
 
     rank, world, device = init()
@@ -201,7 +199,7 @@ COUNTED = textwrap.dedent("""
 def test_collective_counter_sizes_and_groups(runs_dir, tmp_path):
     script = tmp_path / "counted.py"
     script.write_text(COUNTED)
-    result = launch(script, 4, args=[str(LESSON)], display="none", hang_timeout=60, timeout=120)
+    result = launch(script, 4, display="none", hang_timeout=60, timeout=120)
     assert result.ok, result.summary()
     rec = next(r for r in result.records if r["rank"] == 0)
     got = [(c["op"], c["dtype"], c["nbytes"], c["group_size"], c["mesh_dim"]) for c in rec["calls"]]

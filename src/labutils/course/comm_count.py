@@ -8,17 +8,21 @@ the bytes of the whole array as lesson 02 counts them (the gathered output of an
 all-gather, the input of a reduce-scatter, the tensor of an all-reduce) and the mesh
 dimension whose group ran it::
 
-    from comm_count import CollectiveCounter
+    from labutils.course.comm_count import CollectiveCounter, sent_per_rank
     with CollectiveCounter(mesh) as comm:
         y = x.redistribute(mesh, (Replicate(), Replicate()))
     comm.get_comm_counts()   # CommDebugMode's own count: {op: calls}
     comm.calls               # [{"op": "all_gather", "dtype": "float32", "nbytes": 4194304,
                              #   "group_size": 2, "mesh_dim": "1", "name": "..."}]
+    sent_per_rank(comm.calls[0])  # bytes one rank sends for it, by lesson 02's formulas
+
+Lessons 10 and 11 count with it.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -26,6 +30,8 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
+
+from labutils.course.timing import busbw_factor
 
 # dispatcher op name -> (collective, where the whole array is: "input x group", or the
 # position of the argument that holds it)
@@ -48,7 +54,7 @@ def _group_of(args) -> dist.ProcessGroup | None:
     for a in args:
         if isinstance(a, str):
             try:
-                return _resolve_process_group(a)
+                return _resolve_process_group(cast(Any, a))  # a group's name
             except (ValueError, RuntimeError):
                 continue
         if isinstance(a, torch.ScriptObject):
@@ -92,7 +98,7 @@ class CollectiveCounter(CommDebugMode):
             name = mesh.mesh_dim_names[d] if mesh.mesh_dim_names else str(d)
             self._dims[tuple(dist.get_process_group_ranks(mesh.get_group(d)))] = name
 
-    def __enter__(self) -> "CollectiveCounter":
+    def __enter__(self) -> CollectiveCounter:
         self.calls = []
         self._quiet = warnings.catch_warnings()
         self._quiet.__enter__()
@@ -121,6 +127,13 @@ class CollectiveCounter(CommDebugMode):
         size = group.size() if group is not None else None
         ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else ()
         array = args[0] if where == "input x group" else args[where]
-        nbytes = _nbytes(array) * (size if where == "input x group" else 1)
+        nbytes = _nbytes(array) * ((size or 1) if where == "input x group" else 1)
         self.calls.append({"op": op, "name": name, "dtype": _dtype(array), "nbytes": nbytes,
                            "group_size": size, "mesh_dim": self._dims.get(ranks, str(list(ranks)))})
+
+
+def sent_per_rank(call: dict) -> float:
+    """Bytes one rank sends for one counted collective, by lesson 02's formulas for a
+    ring: the whole array times (n-1)/n for all-gather, reduce-scatter and all-to-all,
+    2(n-1)/n for all-reduce, n the group's size."""
+    return busbw_factor(call["op"], call["group_size"]) * call["nbytes"]

@@ -1,0 +1,138 @@
+"""Lesson 11's tables and checks, from the records of its scripts (pure functions).
+
+    from labutils.course import lesson
+    L = lesson.load("11_parallelism_in_several_dimensions", "lesson11")
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from labutils.course import selfcheck
+from labutils.course.comm_count import sent_per_rank
+from labutils.course.tables import text_table
+
+KiB, MiB = 2**10, 2**20
+
+
+def _part(records: Iterable[dict], part: str, rank: int = 0) -> list[dict]:
+    return [r for r in records if r.get("part") == part and r.get("rank", 0) == rank]
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / MiB:g} MiB" if nbytes >= MiB else f"{nbytes / KiB:g} KiB"
+
+
+def calls_text(calls: list[dict]) -> str:
+    """'2 x all_reduce 256 KiB, 1 x all_gather 1 MiB': the collectives, by kind and
+    array size, in the order each kind first appears."""
+    counts = Counter((c["op"], c["nbytes"]) for c in calls)
+    return ", ".join(f"{n} x {op} {_size(nbytes)}" for (op, nbytes), n in counts.items()) or "none"
+
+
+def sent(calls: list[dict]) -> float:
+    """Bytes one rank sends for these collectives, by lesson 02's formulas."""
+    return sum(sent_per_rank(c) for c in calls)
+
+
+def tp_equality_table(run) -> str:
+    """Per way: the loss and every gradient against the unsplit model (assert_close at
+    float32's default tolerances)."""
+    rows = [[w["way"], "equal (assert_close)" if w["equal"] else "DIFFERENT"]
+            for w in _part(run.records, "way")]
+    return text_table(["way", "loss and every gradient vs unsplit"], rows)
+
+
+def tp_differences(run) -> str:
+    """The largest gradient difference of each way (rounding: it varies with the machine)."""
+    return "largest gradient difference: " + ", ".join(
+        f"{w['way']} {w['max_grad_diff']:.0e}" for w in _part(run.records, "way"))
+
+
+def tp_collectives_table(run) -> str:
+    """Per way: the collectives of the forward (the loss included) and of the backward,
+    and the bytes a rank sends for them, by lesson 02's formulas."""
+    rows = []
+    for w in _part(run.records, "way"):
+        rows.append([w["way"], "forward", calls_text(w["forward"]), f"{sent(w['forward']) / KiB:.0f}"])
+        rows.append(["", "backward", calls_text(w["backward"]), f"{sent(w['backward']) / KiB:.0f}"])
+    return text_table(["way", "pass", "collectives (array size)", "sent per rank (KiB)"], rows,
+                      right=[3])
+
+
+def tp_memory_table(run) -> str:
+    """Per way: the bytes a rank keeps for backward and the parameter bytes it holds,
+    against the unsplit model on one process."""
+    ref = _part(run.records, "reference")[0]
+    rows = [["unsplit (one process)", f"{ref['saved_bytes'] / MiB:.2f}", "1.00",
+             f"{ref['param_bytes'] / MiB:.2f}"]]
+    for w in _part(run.records, "way"):
+        rows.append([w["way"], f"{w['saved_bytes'] / MiB:.2f}", f"{w['saved_bytes'] / ref['saved_bytes']:.2f}",
+                     f"{w['param_bytes'] / MiB:.2f}"])
+    return text_table(["way", "saved for backward (MiB)", "of unsplit", "parameters (MiB)"], rows,
+                      right=[1, 2, 3])
+
+
+def kept_whole_bytes(shape: dict) -> int:
+    """What sequence parallelism with loss_parallel does not split, by the model's
+    shape: the input of each column-split layer, gathered to the whole sequence and kept
+    for that layer's backward (the attention's q, k and v share one; the feed-forward's
+    w1; the head), batch x seq x dim float32 each; the token ids and the targets (int64);
+    and the loss's own 4-byte scalar."""
+    b, s, d = shape["batch"], shape["seq"], shape["dim"]
+    return 3 * b * s * d * 4 + 2 * b * s * 8 + 4
+
+
+def sp_memory_check(run, *, tolerance: float = 0.005) -> str:
+    """TP + SP + loss_parallel keeps 1/n of everything but kept_whole_bytes."""
+    ref = _part(run.records, "reference")[0]
+    n = run.world_size
+    whole = kept_whole_bytes(ref["shape"])
+    predicted = (ref["saved_bytes"] - whole) / n + whole
+    measured = next(w["saved_bytes"] for w in _part(run.records, "way") if w["way"] == "TP + SP + loss_parallel")
+    return (f"{n} ranks, TP + SP + loss_parallel: saved for backward = (unsplit - kept whole) / {n} "
+            f"+ kept whole, within {tolerance:.1%}: {abs(measured / predicted - 1) <= tolerance}")
+
+
+def tp_claims(run) -> str:
+    """The section's claims on the counted collectives, each True or False."""
+    ways = {w["way"]: w for w in _part(run.records, "way")}
+    tp, sp, lp = ways["TP"], ways["TP + SP"], ways["TP + SP + loss_parallel"]
+    ops = lambda calls: Counter(c["op"] for c in calls)  # noqa: E731
+    act = [c for c in tp["forward"] if c["op"] == "all_reduce"]
+    act_bytes = {c["nbytes"] for c in act}
+    sp_block = [c for c in sp["forward"] if c["nbytes"] in act_bytes]
+    lines = [
+        ("TP: one all-reduce of the activations per split pair in forward (2), "
+         "one per gathered input in backward (3)",
+         ops(tp["forward"])["all_reduce"] == 2 and ops(tp["backward"])["all_reduce"] == 3),
+        ("TP + SP: no all-reduce of activations, a reduce-scatter and an all-gather instead",
+         ops(sp["forward"])["all_reduce"] == 0 and ops(sp["backward"])["all_reduce"] == 0
+         and ops(sp_block)["reduce_scatter"] == ops(sp_block)["all_gather"] == 3),
+        ("a reduce-scatter and an all-gather send what one all-reduce of the same array sends",
+         abs(sent([next(c for c in sp_block if c["op"] == "reduce_scatter"),
+                   next(c for c in sp_block if c["op"] == "all_gather")]) - sent(act[:1])) < 1),
+        ("loss_parallel: no all-gather of the logits, three small all-reduces instead",
+         len([c for c in lp["forward"] if c["op"] == "all_gather"]) ==
+         len([c for c in sp["forward"] if c["op"] == "all_gather"]) - 1
+         and all(c["nbytes"] < KiB * 4 for c in lp["forward"] if c["op"] == "all_reduce")),
+    ]
+    return "\n".join(f"{text}: {ok}" for text, ok in lines)
+
+
+# ------------------------------------------------------------------ self-check
+
+def check_answers(answers: dict) -> None:
+    """Print, per question, whether the answer is right (answers left as None are skipped)."""
+    expected = {
+        "q1_forward_all_reduces_per_block": (2, "one after each row-split layer: wo and w2"),
+        "q2_sp_replaces_all_reduce_with": ("reduce-scatter", "the row-split layer's output, split along the sequence"),
+        "q3_bytes_all_reduce_vs_rs_plus_ag": ("same", "an all-reduce is a reduce-scatter then an all-gather"),
+        "q4_what_sp_keeps_whole": ("input", "the gathered input of each column-split layer, kept for its backward"),
+    }
+    selfcheck.check_answers(answers, expected, text="contains")
+
+
+__all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
+           "kept_whole_bytes", "sp_memory_check", "tp_claims", "check_answers"]

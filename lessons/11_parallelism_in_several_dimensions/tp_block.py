@@ -1,0 +1,177 @@
+"""Tensor and sequence parallelism on a transformer block, with torch's own API.
+
+Run it on 2 or 4 ranks, from the lessons folder:
+
+    torchrun --standalone --nproc-per-node 2 11_parallelism_in_several_dimensions/tp_block.py
+
+or from the notebook: launch("11_parallelism_in_several_dimensions/tp_block.py", nproc=2).
+
+Every rank builds the same TinyTransformer (model.py) from the same seed and takes the
+same batch of token ids. One training step (forward, cross-entropy, backward) runs four
+ways:
+
+- reference: the whole model on every rank, no communication;
+- TP: the attention's q, k, v and the feed-forward's w1 split by output columns
+  (ColwiseParallel), wo and w2 by input rows (RowwiseParallel); the norms, the
+  embedding and the activations between the two halves of the block stay whole on
+  every rank, the head is split by columns and its logits gathered;
+- TP + SP: the same, plus sequence parallelism: the activations between the halves are
+  split along the sequence (Shard(1)), the norms run on the rank's part of the sequence
+  (SequenceParallel), an all-gather brings the whole sequence before each split layer,
+  and a reduce-scatter leaves each rank its part after it;
+- TP + SP + loss_parallel: the same, and the loss computed on the head's logits as
+  they are, split by vocabulary columns (torch's loss_parallel), without gathering them.
+
+Each way is applied by parallelize_module to a copy of the reference's initial weights.
+Reported per way: the loss and every parameter's gradient against the reference
+(torch.testing.assert_close, and the largest difference); the collectives of the
+forward and of the backward with their sizes (labutils.course.comm_count, which is
+torch's CommDebugMode); the bytes this rank kept for backward (every tensor autograd
+saved, parameters left out, counted once per storage); the parameter bytes it holds.
+"""
+
+import contextlib
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
+from model import TinyTransformer, token_batch  # noqa: E402
+
+from labutils.course.comm_count import CollectiveCounter  # noqa: E402
+from labutils.dist import init, report  # noqa: E402
+
+VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
+WAYS = ("TP", "TP + SP", "TP + SP + loss_parallel")
+
+rank, world_size, device = init()
+if HEADS % world_size or SEQ % world_size:
+    raise SystemExit(f"tp_block.py splits {HEADS} heads and {SEQ} positions: run it on 2 or 4 ranks")
+mesh = init_device_mesh(device.type, (world_size,))
+
+
+def plans(way: str) -> tuple[dict, dict]:
+    """parallelize_module plans for the block and for the model around it."""
+    sp, lp = "SP" in way, "loss_parallel" in way
+    between = Shard(1) if sp else Replicate()  # the activations between the split layers
+    block = {
+        # the attention's input is made a whole-sequence Replicate once, for q, k and v
+        # together: its backward sums their three gradients in one collective
+        "attention": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=between),
+        "ffn": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+        "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=between),
+    }
+    top = {"head": ColwiseParallel(input_layouts=between,
+                                   output_layouts=Shard(-1) if lp else Replicate(),
+                                   use_local_output=not lp)}
+    if sp:
+        block.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
+        top.update({"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                    "norm": SequenceParallel()})
+    return block, top
+
+
+class SavedBytes:
+    """Bytes of the tensors autograd saves for backward, once per storage, parameters
+    left out: the activation memory of a step on this rank."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = {ptr for p in model.parameters() for ptr, _ in _storages(p)}
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        for ptr, nbytes in _storages(t):
+            if ptr not in self.params:
+                self.storages[ptr] = nbytes
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(address, bytes) of the memory behind a tensor; a tensor subclass that wraps
+    others (a DTensor, a collective's result still in flight) by its inner tensors."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = (getattr(t, name) for name in names)
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
+    storage = t.untyped_storage()
+    return [(storage.data_ptr(), storage.nbytes())]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def step(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor, *, way: str = ""):
+    """One forward (the loss included) and backward: (loss, forward calls, backward
+    calls, bytes saved for backward)."""
+    saved = SavedBytes(model)
+    parallel_loss = loss_parallel() if "loss_parallel" in way else contextlib.nullcontext()
+    with parallel_loss:  # cross_entropy on vocabulary-split logits, and its backward
+        with CollectiveCounter(mesh) as forward, \
+                torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            logits = model(ids)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        with CollectiveCounter(mesh) as backward:
+            loss.backward()
+    return _full(loss).detach(), forward.calls, backward.calls, saved.total
+
+
+torch.manual_seed(0)
+initial = TinyTransformer(VOCAB, DIM, HEADS).to(device)
+ids, targets = token_batch(BATCH, SEQ, VOCAB)
+ids, targets = ids.to(device), targets.to(device)
+reference = copy.deepcopy(initial)
+ref_loss, _, _, ref_saved = step(reference, ids, targets)
+ref_grads = {name: p.grad for name, p in reference.named_parameters()}
+report(part="reference", loss=ref_loss.item(), saved_bytes=ref_saved,
+       param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
+       shape={"vocab": VOCAB, "dim": DIM, "heads": HEADS, "batch": BATCH, "seq": SEQ})
+
+for way in WAYS:
+    model = copy.deepcopy(initial)
+    block_plan, top_plan = plans(way)
+    parallelize_module(model.block, mesh, block_plan)
+    parallelize_module(model, mesh, top_plan)
+    loss, forward_calls, backward_calls, saved = step(model, ids, targets, way=way)
+    diffs, equal = {}, True
+    for name, p in model.named_parameters():
+        grad = _full(p.grad)
+        diffs[name] = (grad - ref_grads[name]).abs().max().item()
+        try:
+            torch.testing.assert_close(grad, ref_grads[name])
+        except AssertionError:
+            equal = False
+    try:
+        torch.testing.assert_close(loss, ref_loss)
+    except AssertionError:
+        equal = False
+    report(part="way", way=way, loss=loss.item(), equal=equal, max_grad_diff=max(diffs.values()),
+           forward=forward_calls, backward=backward_calls, saved_bytes=saved,
+           param_bytes=sum(_local(p).numel() * p.element_size() for p in model.parameters()),
+           split=sorted(name for name, p in model.named_parameters() if isinstance(p, DTensor)
+                        and any(isinstance(pl, Shard) for pl in p.placements)))

@@ -1,0 +1,81 @@
+"""Lesson 11's notebook helpers (lessons/11_parallelism_in_several_dimensions/lesson11.py)
+on hand-made records: the collectives' text and price, the claims on them, and the
+memory arithmetic of sequence parallelism. The notebook runs the scripts (nbval)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from helpers import LESSONS
+
+from labutils.course import lesson
+
+L = lesson.load(LESSONS / "11_parallelism_in_several_dimensions", "lesson11")
+KiB = 1024
+SHAPE = {"vocab": 512, "dim": 128, "heads": 4, "batch": 8, "seq": 64}
+ACT, LOGITS = 8 * 64 * 128 * 4, 8 * 64 * 512 * 4
+
+
+def call(op: str, nbytes: int, n: int = 2) -> dict:
+    return {"op": op, "nbytes": nbytes, "group_size": n, "dtype": "float32", "mesh_dim": "0"}
+
+
+def ways(n: int = 2, *, sp_all_reduce: bool = False, saved_lp: float | None = None) -> SimpleNamespace:
+    """tp_block.py's records at n ranks, as torch 2.13 gives them."""
+    c = lambda op, size: call(op, size, n)  # noqa: E731
+    block_sp = [c("reduce_scatter", ACT), c("all_gather", ACT)] * 3
+    ref_saved = 5_795_844
+    whole = L.kept_whole_bytes(SHAPE)
+    records = [
+        {"rank": 0, "part": "reference", "saved_bytes": ref_saved, "param_bytes": 1_316_352, "shape": SHAPE},
+        {"rank": 0, "part": "way", "way": "TP", "equal": True, "max_grad_diff": 2e-9,
+         "forward": [c("all_reduce", ACT)] * 2 + [c("all_gather", LOGITS)],
+         "backward": [c("all_reduce", ACT)] * 3, "saved_bytes": 4_218_884, "param_bytes": 791_040},
+        {"rank": 0, "part": "way", "way": "TP + SP", "equal": True, "max_grad_diff": 7e-9,
+         "forward": block_sp + [c("all_gather", LOGITS)] + ([c("all_reduce", ACT)] if sp_all_reduce else []),
+         "backward": block_sp, "saved_bytes": 3_819_524, "param_bytes": 659_968},
+        {"rank": 0, "part": "way", "way": "TP + SP + loss_parallel", "equal": True, "max_grad_diff": 7e-9,
+         "forward": block_sp + [c("all_reduce", 2 * KiB)] * 3, "backward": block_sp,
+         "saved_bytes": saved_lp if saved_lp is not None else (ref_saved - whole) / n + whole,
+         "param_bytes": 659_968},
+    ]
+    return SimpleNamespace(records=records, world_size=n)
+
+
+def test_calls_are_grouped_by_kind_and_size_in_order():
+    calls = [call("all_reduce", ACT), call("all_gather", LOGITS), call("all_reduce", ACT)]
+    assert L.calls_text(calls) == "2 x all_reduce 256 KiB, 1 x all_gather 1 MiB"
+    assert L.calls_text([]) == "none"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_reduce_scatter_and_an_all_gather_cost_one_all_reduce(n):
+    assert L.sent([call("reduce_scatter", ACT, n), call("all_gather", ACT, n)]) == \
+        pytest.approx(L.sent([call("all_reduce", ACT, n)]))
+    assert L.sent([call("all_reduce", ACT, 2)]) == ACT  # 2(n-1)/n = 1 at n = 2
+
+
+def test_the_claims_hold_for_torchs_counts_and_fail_otherwise():
+    assert L.tp_claims(ways()).count(": True") == 4
+    broken = L.tp_claims(ways(sp_all_reduce=True)).splitlines()
+    assert broken[1].endswith(": False") and broken[0].endswith(": True")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_memory_check_is_the_arithmetic_of_what_stays_whole(n):
+    assert L.sp_memory_check(ways(n)).endswith(": True")
+    assert L.sp_memory_check(ways(n, saved_lp=5_795_844 / n)).endswith(": False")  # all split: not so
+
+
+def test_what_stays_whole_is_three_gathered_inputs_the_ids_the_targets_and_a_scalar():
+    assert L.kept_whole_bytes(SHAPE) == 3 * ACT + 2 * 8 * 64 * 8 + 4
+
+
+def test_tables_have_one_unit_per_column():
+    run = ways()
+    for table in (L.tp_collectives_table(run), L.tp_memory_table(run), L.tp_equality_table(run)):
+        header = table.splitlines()[0]
+        assert header.count("(") <= len(header.split("  "))
+    assert "(KiB)" in L.tp_collectives_table(run) and "(MiB)" in L.tp_memory_table(run)
+    assert "2e-09" not in L.tp_equality_table(run)  # rounding stays out of the checked table
