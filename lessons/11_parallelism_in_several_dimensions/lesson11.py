@@ -121,6 +121,62 @@ def tp_claims(run) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
+# ------------------------------------------------------------------ expert parallelism
+
+def _moe(run, setting: str) -> list[dict]:
+    return sorted((r for r in run.records if r.get("part") == "moe" and r["setting"] == setting),
+                  key=lambda r: r["rank"])
+
+
+def moe_traffic_table(run) -> str:
+    """Per routing and rank: the check against one process, the tokens this rank sent to
+    other ranks' experts, the tokens its own experts received, and the bytes of the two
+    all-to-alls it sent."""
+    rows = []
+    for setting in ("balanced", "skewed"):
+        for r in _moe(run, setting):
+            rows.append([setting if r["rank"] == 0 else "", r["rank"],
+                         "equal (assert_close)" if r["equal"] else "DIFFERENT",
+                         r["sent_elsewhere"], r["received"],
+                         f"{r['dispatch_bytes'] / KiB:.1f}", f"{r['combine_bytes'] / KiB:.1f}"])
+    return text_table(["router", "rank", "outputs and gradients vs one process",
+                       "tokens sent to other ranks", "tokens its experts got",
+                       "dispatch sent (KiB)", "combine sent (KiB)"], rows, right=[1, 3, 4, 5, 6])
+
+
+def moe_load_table(run) -> str:
+    """Per routing: tokens per expert over all ranks, the busiest rank's tokens against
+    a fair share, and the tokens over capacity."""
+    rows = []
+    for setting in ("balanced", "skewed"):
+        recs = _moe(run, setting)
+        first = recs[0]
+        fair = first["tokens"]  # each rank's experts' fair share: one rank's tokens
+        rows.append([setting, " ".join(map(str, first["expert_load"])),
+                     f"{max(r['received'] for r in recs) / fair:.2f}", first["capacity"], first["dropped"]])
+    return text_table(["router", "tokens per expert (all ranks)", "busiest rank / fair share",
+                       "capacity per expert", "tokens over capacity"], rows, right=[2, 3, 4])
+
+
+def moe_claims(run) -> str:
+    n = run.world_size
+    balanced, skewed = _moe(run, "balanced"), _moe(run, "skewed")
+    every = balanced + skewed
+    share = lambda recs: max(r["received"] for r in recs) / recs[0]["tokens"]  # noqa: E731
+    lines = [
+        ("the expert-parallel layer equals the layer on one process, outputs and gradients",
+         all(r["equal"] for r in every)),
+        (f"balanced: each rank sends about (n-1)/n = {(n - 1) / n:.2f} of its tokens away (within 10%)",
+         all(abs(r["sent_elsewhere"] / r["tokens"] / ((n - 1) / n) - 1) <= 0.1 for r in balanced)),
+        ("the combine all-to-all sends back, in all, the bytes the dispatch sent",
+         all(sum(r["dispatch_bytes"] for r in recs) == sum(r["combine_bytes"] for r in recs)
+             for recs in (balanced, skewed))),
+        ("skewed: the busiest rank's experts get over 1.5x a fair share, and tokens go over capacity",
+         share(skewed) > 1.5 and skewed[0]["dropped"] > 0),
+    ]
+    return "\n".join(f"{text}: {ok}" for text, ok in lines)
+
+
 # ------------------------------------------------------------------ self-check
 
 def check_answers(answers: dict) -> None:
@@ -130,9 +186,11 @@ def check_answers(answers: dict) -> None:
         "q2_sp_replaces_all_reduce_with": ("reduce-scatter", "the row-split layer's output, split along the sequence"),
         "q3_bytes_all_reduce_vs_rs_plus_ag": ("same", "an all-reduce is a reduce-scatter then an all-gather"),
         "q4_what_sp_keeps_whole": ("input", "the gathered input of each column-split layer, kept for its backward"),
+        "q5_token_all_to_alls_per_moe_forward": (2, "one to send tokens to their experts, one to bring them back"),
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
 
 __all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
-           "kept_whole_bytes", "sp_memory_check", "tp_claims", "check_answers"]
+           "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table",
+           "moe_claims", "check_answers"]

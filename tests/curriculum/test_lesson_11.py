@@ -79,3 +79,34 @@ def test_tables_have_one_unit_per_column():
         assert header.count("(") <= len(header.split("  "))
     assert "(KiB)" in L.tp_collectives_table(run) and "(MiB)" in L.tp_memory_table(run)
     assert "2e-09" not in L.tp_equality_table(run)  # rounding stays out of the checked table
+
+
+def moe_run(n: int = 2, *, equal: bool = True, dropped: int = 223) -> SimpleNamespace:
+    """moe.py's records at 2 ranks: balanced, then skewed."""
+    tokens, token_bytes = 256, 64 * 4
+    rows = {"balanced": [(127, 254), (125, 258)], "skewed": [(39, 437), (220, 75)]}
+    load = {"balanced": [128, 126, 131, 127], "skewed": [383, 54, 54, 21]}
+    records = []
+    for setting, ranks in rows.items():
+        for r, (away, received) in enumerate(ranks):
+            other_away = ranks[1 - r][0]
+            records.append({"part": "moe", "setting": setting, "rank": r, "equal": equal,
+                            "sent_elsewhere": away, "received": received, "tokens": tokens,
+                            "dispatch_bytes": away * token_bytes, "combine_bytes": other_away * token_bytes,
+                            "expert_load": load[setting], "capacity": 160,
+                            "dropped": dropped if setting == "skewed" else 0})
+    return SimpleNamespace(records=records, world_size=n)
+
+
+def test_the_moe_claims_hold_for_the_run_and_fail_for_a_wrong_layer():
+    assert L.moe_claims(moe_run()).count(": True") == 4
+    assert L.moe_claims(moe_run(equal=False)).splitlines()[0].endswith(": False")
+    assert L.moe_claims(moe_run(dropped=0)).splitlines()[-1].endswith(": False")
+
+
+def test_the_moe_tables_show_the_busiest_rank_against_a_fair_share():
+    load = L.moe_load_table(moe_run()).splitlines()
+    assert load[2].split()[-3:] == ["1.01", "160", "0"]
+    assert load[3].split()[-3:] == ["1.71", "160", "223"]
+    traffic = L.moe_traffic_table(moe_run())
+    assert "(KiB)" in traffic and "31.8" in traffic
