@@ -177,6 +177,51 @@ def moe_claims(run) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
+# ------------------------------------------------------------------ context parallelism
+
+def _ring(run, layout: str) -> list[dict]:
+    return sorted((r for r in run.records if r.get("part") == "ring" and r["layout"] == layout),
+                  key=lambda r: r["rank"])
+
+
+def ring_table(run) -> str:
+    """Per layout and rank: the output against one process, the attention scores the
+    rank computed and those causal attention needs for its queries (thousands), and the
+    keys and values it sent around the ring."""
+    rows = []
+    for layout in ("contiguous", "zigzag"):
+        for r in _ring(run, layout):
+            rows.append([layout if r["rank"] == 0 else "", r["rank"],
+                         "equal (assert_close)" if r["equal"] else "DIFFERENT",
+                         f"{r['needed'] / 1e3:.0f}", f"{r['computed'] / 1e3:.0f}",
+                         f"{r['sent_bytes'] / KiB:.0f}"])
+    return text_table(["layout", "rank", "output vs one process", "scores needed (k)",
+                       "scores computed (k)", "keys and values sent (KiB)"], rows, right=[1, 3, 4, 5])
+
+
+def ring_claims(run) -> str:
+    n = run.world_size
+    contiguous, zigzag = _ring(run, "contiguous"), _ring(run, "zigzag")
+    kv = contiguous[0]["kv_bytes"]
+    busiest = lambda recs: max(r["computed"] for r in recs)  # noqa: E731
+    lines = [
+        ("ring attention equals causal attention in one process, both layouts",
+         all(r["equal"] for r in contiguous + zigzag)),
+        (f"each rank sends (n-1)/n = {(n - 1) / n:.2f} of all the keys and values, an all-gather's share",
+         all(r["sent_bytes"] == kv * (n - 1) // n for r in contiguous + zigzag)),
+        ("contiguous: the last rank computes n times what rank 0 computes",
+         contiguous[-1]["computed"] == n * contiguous[0]["computed"]),
+        ("zigzag: every rank computes the same, and the busiest rank less than contiguous's busiest",
+         len({r["computed"] for r in zigzag}) == 1 and busiest(zigzag) < busiest(contiguous)),
+    ]
+    return "\n".join(f"{text}: {ok}" for text, ok in lines)
+
+
+def torch_cp_line(run) -> str:
+    result = next(r["result"] for r in run.records if r.get("part") == "torch_cp" and r["rank"] == 0)
+    return f"torch's context_parallel on this machine: {result}"
+
+
 # ------------------------------------------------------------------ self-check
 
 def check_answers(answers: dict) -> None:
@@ -187,10 +232,11 @@ def check_answers(answers: dict) -> None:
         "q3_bytes_all_reduce_vs_rs_plus_ag": ("same", "an all-reduce is a reduce-scatter then an all-gather"),
         "q4_what_sp_keeps_whole": ("input", "the gathered input of each column-split layer, kept for its backward"),
         "q5_token_all_to_alls_per_moe_forward": (2, "one to send tokens to their experts, one to bring them back"),
+        "q6_zigzag_parts_per_rank": (2, "one early part and one late part of the sequence"),
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
 
 __all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
            "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table",
-           "moe_claims", "check_answers"]
+           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "check_answers"]

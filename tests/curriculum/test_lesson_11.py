@@ -110,3 +110,30 @@ def test_the_moe_tables_show_the_busiest_rank_against_a_fair_share():
     assert load[3].split()[-3:] == ["1.71", "160", "223"]
     traffic = L.moe_traffic_table(moe_run())
     assert "(KiB)" in traffic and "31.8" in traffic
+
+
+def ring_run(n: int = 4, *, zigzag_computed=(589_824,) * 4, equal: bool = True) -> SimpleNamespace:
+    """ring_attention.py's records at 4 ranks: contiguous, then zigzag, then torch's CP."""
+    kv, block = 1_048_576, 262_144
+    records = [{"part": "ring", "layout": "contiguous", "rank": r, "equal": equal,
+                "computed": block * (r + 1), "needed": 131_584 + 262_144 * r,
+                "sent_bytes": kv * (n - 1) // n, "kv_bytes": kv} for r in range(n)]
+    records += [{"part": "ring", "layout": "zigzag", "rank": r, "equal": True,
+                 "computed": zigzag_computed[r], "needed": 524_800,
+                 "sent_bytes": kv * (n - 1) // n, "kv_bytes": kv} for r in range(n)]
+    records.append({"part": "torch_cp", "rank": 0, "result": "NotImplementedError: no strategy"})
+    return SimpleNamespace(records=records, world_size=n)
+
+
+def test_the_ring_claims_hold_for_the_run_and_fail_for_an_unbalanced_zigzag():
+    assert L.ring_claims(ring_run()).count(": True") == 4
+    assert L.ring_claims(ring_run(equal=False)).splitlines()[0].endswith(": False")
+    assert L.ring_claims(ring_run(zigzag_computed=(589_824, 589_824, 589_824, 600_000))
+                         ).splitlines()[-1].endswith(": False")
+
+
+def test_the_ring_table_counts_scores_in_thousands_and_bytes_in_kib():
+    table = L.ring_table(ring_run())
+    assert "(k)" in table and "(KiB)" in table
+    assert table.splitlines()[5].split()[-3:] == ["918", "1049", "768"]  # contiguous, rank 3
+    assert L.torch_cp_line(ring_run()).endswith("NotImplementedError: no strategy")
