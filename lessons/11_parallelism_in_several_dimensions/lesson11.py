@@ -222,6 +222,35 @@ def torch_cp_line(run) -> str:
     return f"torch's context_parallel on this machine: {result}"
 
 
+# ------------------------------------------------------------------ pipeline schedules
+
+SCHEDULE_ORDER = ("GPipe", "1F1B", "interleaved 1F1B")
+
+
+def pipeline_table(run) -> str:
+    """Per schedule and rank: the loss and gradients against one process, and the most
+    micro-batches whose activations the rank held at once (one per stage visit)."""
+    recs = sorted((r for r in run.records if r.get("part") == "check"),
+                  key=lambda r: (SCHEDULE_ORDER.index(r["schedule"]), r["rank"]))
+    rows = [[r["schedule"] if r["rank"] == 0 else "", r["rank"],
+             "equal (assert_close)" if r["equal"] else "DIFFERENT", r["most_in_flight"]] for r in recs]
+    return text_table(["schedule", "rank", "loss and gradients vs one process",
+                       "most micro-batches held"], rows, right=[1, 3])
+
+
+def pipeline_claims(run, *, micro_batches: int = 4) -> str:
+    recs = {(r["schedule"], r["rank"]): r for r in run.records if r.get("part") == "check"}
+    p = run.world_size
+    lines = [
+        ("every schedule gives the unsplit model's loss and gradients", all(r["equal"] for r in recs.values())),
+        (f"GPipe: every rank holds all {micro_batches} micro-batches before the first backward",
+         all(recs["GPipe", r]["most_in_flight"] == micro_batches for r in range(p))),
+        ("1F1B: rank r holds at most p - r, the stages from its own to the last",
+         all(recs["1F1B", r]["most_in_flight"] == p - r for r in range(p))),
+    ]
+    return "\n".join(f"{text}: {ok}" for text, ok in lines)
+
+
 # ------------------------------------------------------------------ self-check
 
 def check_answers(answers: dict) -> None:
@@ -233,10 +262,11 @@ def check_answers(answers: dict) -> None:
         "q4_what_sp_keeps_whole": ("input", "the gathered input of each column-split layer, kept for its backward"),
         "q5_token_all_to_alls_per_moe_forward": (2, "one to send tokens to their experts, one to bring them back"),
         "q6_zigzag_parts_per_rank": (2, "one early part and one late part of the sequence"),
+        "q7_gpipe_idle_share_p4_m12": (0.2, "(p-1)/(m+p-1) = 3/15", 1e-6),
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
 
 __all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
            "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table",
-           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "check_answers"]
+           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "check_answers"]

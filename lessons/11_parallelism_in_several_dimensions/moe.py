@@ -44,7 +44,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from labutils.dist import init, report  # noqa: E402
+from labutils.dist import init, report
 
 DIM, HIDDEN, TOKENS, EXPERTS_PER_RANK, CAPACITY_FACTOR = 64, 128, 256, 2, 1.25
 

@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -48,12 +47,13 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from model import TinyTransformer, token_batch  # noqa: E402
+from model import TinyTransformer, token_batch
 
-from labutils.course.comm_count import CollectiveCounter  # noqa: E402
-from labutils.dist import init, report  # noqa: E402
+from labutils.course.comm_count import CollectiveCounter
+from labutils.dist import init, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
 WAYS = ("TP", "TP + SP", "TP + SP + loss_parallel")

@@ -137,3 +137,19 @@ def test_the_ring_table_counts_scores_in_thousands_and_bytes_in_kib():
     assert "(k)" in table and "(KiB)" in table
     assert table.splitlines()[5].split()[-3:] == ["918", "1049", "768"]  # contiguous, rank 3
     assert L.torch_cp_line(ring_run()).endswith("NotImplementedError: no strategy")
+
+
+def pipeline_run(*, gpipe_held: int = 4, equal: bool = True) -> SimpleNamespace:
+    held = {("GPipe", 0): gpipe_held, ("GPipe", 1): 4, ("1F1B", 0): 2, ("1F1B", 1): 1,
+            ("interleaved 1F1B", 0): 5, ("interleaved 1F1B", 1): 3}
+    records = [{"part": "check", "schedule": s, "rank": r, "equal": equal, "most_in_flight": n,
+                "holds_loss": r == 1} for (s, r), n in held.items()]
+    return SimpleNamespace(records=records, world_size=2)
+
+
+def test_the_pipeline_claims_hold_for_the_run_and_fail_otherwise():
+    assert L.pipeline_claims(pipeline_run()).count(": True") == 3
+    assert L.pipeline_claims(pipeline_run(gpipe_held=3)).splitlines()[1].endswith(": False")
+    assert L.pipeline_claims(pipeline_run(equal=False)).splitlines()[0].endswith(": False")
+    table = L.pipeline_table(pipeline_run()).splitlines()
+    assert table[2].split()[0] == "GPipe" and table[4].split()[0] == "1F1B"
