@@ -251,6 +251,43 @@ def pipeline_claims(run, *, micro_batches: int = 4) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
+# ------------------------------------------------------------------ two dimensions
+
+def mesh_table(run) -> str:
+    """Rank 0's collectives of one 2-D step, per mesh dimension and pass, with the bytes
+    it sends for them (lesson 02's formulas)."""
+    rec = _part(run.records, "2d")[0]
+    rows = []
+    for dim in ("dp", "tp"):
+        for pass_ in ("forward", "backward"):
+            calls = [c for c in rec[pass_] if c["mesh_dim"] == dim]
+            rows.append([dim if pass_ == "forward" else "", pass_, calls_text(calls),
+                         f"{sent(calls) / KiB:.0f}"])
+    return text_table(["mesh dim", "pass", "collectives (array size)", "sent per rank (KiB)"], rows,
+                      right=[3])
+
+
+def mesh_claims(run) -> str:
+    recs = [r for r in run.records if r.get("part") == "2d"]
+    rec = _part(run.records, "2d")[0]
+    calls = rec["forward"] + rec["backward"]
+    by_dim = {d: [c for c in calls if c["mesh_dim"] == d] for d in ("dp", "tp")}
+    act = rec["activation_bytes"]
+    lines = [
+        ("2-D (FSDP2 over dp, TP + SP over tp): loss and every gradient equal to one process, all 4 ranks",
+         all(r["equal"] for r in recs) and len(recs) == 4),
+        ("dp carries parameters and gradients only: all-gathers and reduce-scatters of parameter shards",
+         {c["op"] for c in by_dim["dp"]} == {"all_gather", "reduce_scatter"}
+         and all(c["nbytes"] != act for c in by_dim["dp"])),
+        ("tp carries activations: every all-gather and reduce-scatter of the block's is 256 KiB",
+         all(c["nbytes"] in (act, 4 * act) for c in by_dim["tp"] if c["op"] != "all_reduce")),
+        ("tp sends more than twice dp's bytes in the step", sent(by_dim["tp"]) > 2 * sent(by_dim["dp"])),
+        ("each rank holds a quarter of the parameters (within 1%)",
+         all(abs(r["param_bytes"] * 4 / r["unsplit_param_bytes"] - 1) <= 0.01 for r in recs)),
+    ]
+    return "\n".join(f"{text}: {ok}" for text, ok in lines)
+
+
 # ------------------------------------------------------------------ self-check
 
 def check_answers(answers: dict) -> None:
@@ -269,4 +306,5 @@ def check_answers(answers: dict) -> None:
 
 __all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
            "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table",
-           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "check_answers"]
+           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "mesh_table", "mesh_claims",
+           "check_answers"]

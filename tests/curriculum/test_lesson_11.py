@@ -153,3 +153,25 @@ def test_the_pipeline_claims_hold_for_the_run_and_fail_otherwise():
     assert L.pipeline_claims(pipeline_run(equal=False)).splitlines()[0].endswith(": False")
     table = L.pipeline_table(pipeline_run()).splitlines()
     assert table[2].split()[0] == "GPipe" and table[4].split()[0] == "1F1B"
+
+
+def mesh_run(*, dp_activation: bool = False) -> SimpleNamespace:
+    """fsdp_tp.py's records on a 2 x 2 mesh (rank 0's calls, as torch 2.13 makes them)."""
+    def c(op, dim, nbytes):
+        return {**call(op, nbytes), "mesh_dim": dim}
+    tp = [c("reduce_scatter", "tp", ACT), c("all_gather", "tp", ACT)] * 3
+    forward = [c("all_gather", "dp", 263_168), c("all_gather", "dp", 396_800), *tp,
+               c("all_gather", "tp", LOGITS)] + ([c("all_gather", "dp", ACT)] if dp_activation else [])
+    backward = [c("all_gather", "dp", 396_800), *tp, *[c("all_reduce", "tp", 512)] * 6,
+                c("reduce_scatter", "dp", 396_800), c("reduce_scatter", "dp", 263_168)]
+    records = [{"part": "2d", "rank": r, "equal": True, "dp": r // 2, "tp": r % 2, "forward": forward,
+                "backward": backward, "param_bytes": 329_984, "unsplit_param_bytes": 1_316_352,
+                "activation_bytes": ACT} for r in range(4)]
+    return SimpleNamespace(records=records, world_size=4)
+
+
+def test_the_mesh_claims_say_which_traffic_each_dimension_carries():
+    assert L.mesh_claims(mesh_run()).count(": True") == 5
+    assert L.mesh_claims(mesh_run(dp_activation=True)).splitlines()[1].endswith(": False")
+    table = L.mesh_table(mesh_run()).splitlines()
+    assert table[2].split()[:2] == ["dp", "forward"] and table[2].split()[-1] == "322"

@@ -1,0 +1,109 @@
+"""Two dimensions at once: FSDP2 over one mesh dimension, tensor parallelism over the other.
+
+Run it on 4 ranks, from the lessons folder:
+
+    torchrun --standalone --nproc-per-node 4 11_parallelism_in_several_dimensions/fsdp_tp.py
+
+or from the notebook: launch("11_parallelism_in_several_dimensions/fsdp_tp.py", nproc=4).
+
+The 4 ranks form a 2 x 2 mesh named ("dp", "tp"): ranks {0, 1} and {2, 3} are tensor-
+parallel pairs (mesh dimension "tp"), ranks {0, 2} and {1, 3} data-parallel pairs ("dp").
+The TinyTransformer of model.py is split by tp_block.py's plan with sequence parallelism
+over "tp", then sharded with FSDP2's fully_shard over "dp" (the block, then the whole
+model): each parameter is split by tensor parallelism first, and FSDP2 shards each rank's
+piece again between the two data-parallel ranks. Each data-parallel pair member trains
+on its own batch; the two ranks of a tensor-parallel pair share one.
+
+Reported: one step's loss, and every gradient against the unsplit model on both
+batches together in one process (FSDP2 averages the gradients over "dp": the mean of
+the two batches' mean losses is the mean over all their rows); the collectives of the
+step with their mesh dimension and sizes (labutils.course.comm_count); the parameter
+bytes each rank holds.
+"""
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
+from model import TinyTransformer, token_batch  # noqa: E402
+
+from labutils.course.comm_count import CollectiveCounter  # noqa: E402
+from labutils.dist import init, report  # noqa: E402
+
+VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
+
+rank, world_size, device = init()
+if world_size != 4:
+    raise SystemExit(f"fsdp_tp.py needs 4 ranks for its 2 x 2 mesh, not {world_size}")
+mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+dp_index = mesh.get_local_rank("dp")
+
+BLOCK_PLAN = {
+    "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+    "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+    "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+}
+TOP_PLAN = {
+    "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "norm": SequenceParallel(),
+    "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+}
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+torch.manual_seed(0)
+initial = TinyTransformer(VOCAB, DIM, HEADS).to(device)
+batches = [tuple(t.to(device) for t in token_batch(BATCH, SEQ, VOCAB, seed=1 + d)) for d in range(2)]
+
+reference = copy.deepcopy(initial)
+ref_losses = [F.cross_entropy(reference(ids).flatten(0, 1), targets.flatten()) for ids, targets in batches]
+torch.stack(ref_losses).mean().backward()
+
+model = copy.deepcopy(initial)
+parallelize_module(model.block, mesh["tp"], BLOCK_PLAN)
+parallelize_module(model, mesh["tp"], TOP_PLAN)
+fully_shard(model.block, mesh=mesh["dp"])
+fully_shard(model, mesh=mesh["dp"])
+ids, targets = batches[dp_index]
+with CollectiveCounter(mesh) as forward:
+    loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+with CollectiveCounter(mesh) as backward:
+    loss.backward()
+
+equal = True
+try:
+    torch.testing.assert_close(full(loss).detach(), ref_losses[dp_index].detach())
+except AssertionError:
+    equal = False
+ref_grads = dict(reference.named_parameters())
+for name, p in model.named_parameters():
+    try:
+        torch.testing.assert_close(full(p.grad), ref_grads[name].grad)
+    except AssertionError:
+        equal = False
+local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+report(part="2d", equal=equal, dp=dp_index, tp=mesh.get_local_rank("tp"),
+       forward=forward.calls, backward=backward.calls,
+       param_bytes=sum(t.numel() * t.element_size() for t in local),
+       unsplit_param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
+       activation_bytes=BATCH * SEQ * DIM * 4)
