@@ -8,10 +8,10 @@ or from the notebook: launch("11_parallelism_in_several_dimensions/fsdp_tp.py", 
 
 The 4 ranks form a 2 x 2 mesh named ("dp", "tp"): ranks {0, 1} and {2, 3} are tensor-
 parallel pairs (mesh dimension "tp"), ranks {0, 2} and {1, 3} data-parallel pairs ("dp").
-The TinyTransformer of model.py is split by tp_block.py's plan with sequence parallelism
-over "tp", then sharded with FSDP2's fully_shard over "dp" (the block, then the whole
-model): each parameter is split by tensor parallelism first, and FSDP2 shards each rank's
-piece again between the two data-parallel ranks. Each data-parallel pair member trains
+The TinyTransformer of model.py is split by plans.py's "TP + SP" plan over "tp", then
+sharded with FSDP2's fully_shard over "dp" (the block, then the whole model): each
+parameter is split by tensor parallelism first, and FSDP2 shards each rank's piece
+again between the two data-parallel ranks. Each member of a data-parallel pair trains
 on its own batch; the two ranks of a tensor-parallel pair share one.
 
 Reported: one step's loss, and every gradient against the unsplit model on both
@@ -29,20 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from model import TinyTransformer, token_batch  # noqa: E402
+from model import TinyTransformer, token_batch
+from plans import plans
 
-from labutils.course.comm_count import CollectiveCounter  # noqa: E402
-from labutils.dist import init, report  # noqa: E402
+from labutils.course.comm_count import CollectiveCounter
+from labutils.dist import init, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
 
@@ -51,21 +46,6 @@ if world_size != 4:
     raise SystemExit(f"fsdp_tp.py needs 4 ranks for its 2 x 2 mesh, not {world_size}")
 mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
 dp_index = mesh.get_local_rank("dp")
-
-BLOCK_PLAN = {
-    "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-    "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-    "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-    "ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
-}
-TOP_PLAN = {
-    "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-    "norm": SequenceParallel(),
-    "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-}
-
 
 def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -80,8 +60,9 @@ ref_losses = [F.cross_entropy(reference(ids).flatten(0, 1), targets.flatten()) f
 torch.stack(ref_losses).mean().backward()
 
 model = copy.deepcopy(initial)
-parallelize_module(model.block, mesh["tp"], BLOCK_PLAN)
-parallelize_module(model, mesh["tp"], TOP_PLAN)
+block_plan, top_plan = plans("TP + SP")  # tp_block.py's plan with sequence parallelism
+parallelize_module(model.block, mesh["tp"], block_plan)
+parallelize_module(model, mesh["tp"], top_plan)
 fully_shard(model.block, mesh=mesh["dp"])
 fully_shard(model, mesh=mesh["dp"])
 ids, targets = batches[dp_index]

@@ -304,7 +304,9 @@ def check_answers(answers: dict) -> None:
     selfcheck.check_answers(answers, expected, text="contains")
 
 
-__all__ = ["calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
-           "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table",
-           "moe_claims", "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "mesh_table", "mesh_claims",
-           "check_answers"]
+__all__ = [
+    "calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
+    "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table", "moe_claims",
+    "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "mesh_table",
+    "mesh_claims", "check_answers",
+]

@@ -38,12 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
@@ -51,41 +47,17 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
 from model import TinyTransformer, token_batch
+from plans import WAYS, plans
 
 from labutils.course.comm_count import CollectiveCounter
 from labutils.dist import init, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
-WAYS = ("TP", "TP + SP", "TP + SP + loss_parallel")
 
 rank, world_size, device = init()
 if HEADS % world_size or SEQ % world_size:
     raise SystemExit(f"tp_block.py splits {HEADS} heads and {SEQ} positions: run it on 2 or 4 ranks")
 mesh = init_device_mesh(device.type, (world_size,))
-
-
-def plans(way: str) -> tuple[dict, dict]:
-    """parallelize_module plans for the block and for the model around it."""
-    sp, lp = "SP" in way, "loss_parallel" in way
-    between = Shard(1) if sp else Replicate()  # the activations between the split layers
-    block = {
-        # the attention's input is made a whole-sequence Replicate once, for q, k and v
-        # together: its backward sums their three gradients in one collective
-        "attention": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=between),
-        "ffn": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
-        "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(output_layouts=between),
-    }
-    top = {"head": ColwiseParallel(input_layouts=between,
-                                   output_layouts=Shard(-1) if lp else Replicate(),
-                                   use_local_output=not lp)}
-    if sp:
-        block.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
-        top.update({"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-                    "norm": SequenceParallel()})
-    return block, top
 
 
 class SavedBytes:
