@@ -33,16 +33,11 @@ expert, the bytes this rank sent in each all-to-all, and the tokens an expert wo
 if each expert took at most capacity_factor x its fair share (1.25, a common setting).
 """
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from labutils.dist import init, report
 
