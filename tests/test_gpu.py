@@ -5,7 +5,7 @@ CUDA (a CPU build of torch, or no GPU visible). Run them on a GPU machine with
 
     make test-gpu          # pytest -m gpu tests/test_gpu.py
 
-Two GPUs are needed for DataParallel, the collectives and the hang report (NCCL puts
+Two GPUs are needed for DataParallel, the collectives, the hang report and lesson 11 (NCCL puts
 one rank on each GPU); init() on NCCL and the notebook run on one.
 """
 
@@ -321,3 +321,43 @@ def test_lesson10_inductor_on_one_gpu_writes_triton_and_equals_eager_ddp(runs_di
     kernels = next(r for r in result.records if r.get("part") == "kernels")
     assert kernels["device"] == "cuda" and kernels["triton"] > 0 and kernels["cpp"] == 0, kernels
     assert not [r for r in result.records if r.get("part") == "graphs"]  # part 1 skipped
+
+
+# ------------------------------------------------------------------ lesson 11 on NCCL
+
+LESSON11 = LESSONS / "11_parallelism_in_several_dimensions"
+
+
+@needs_gpus(2, nccl=True)
+def test_lesson11_splits_on_nccl_equal_one_process_and_count_the_same_collectives(runs_dir):
+    """Tensor, sequence, expert and context parallelism and the pipeline schedules, one
+    GPU per rank: the same equalities and collective counts as on CPU. (The saved-bytes
+    arithmetic is left out: CUDA's attention kernels keep other tensors for backward.)"""
+    from labutils.course import lesson
+
+    L = lesson.load(LESSON11, "lesson11")
+    runs = {name: launch(LESSON11 / f"{name}.py", 2, backend="nccl", display="none",
+                         hang_timeout=120, timeout=300)
+            for name in ("tp_block", "moe", "ring_attention", "pipeline")}
+    for name, result in runs.items():
+        assert result.ok, f"{name}: {result.summary()}"
+    print(L.tp_equality_table(runs["tp_block"]), L.tp_collectives_table(runs["tp_block"]), sep="\n")
+    assert L.tp_claims(runs["tp_block"]).count(": True") == 4, L.tp_claims(runs["tp_block"])
+    assert all(r["equal"] for r in runs["tp_block"].records if r.get("part") == "way")
+    for name, claims in (("moe", L.moe_claims), ("ring_attention", L.ring_claims),
+                         ("pipeline", L.pipeline_claims)):
+        said = claims(runs[name])
+        print(said)
+        assert ": False" not in said, f"{name}: {said}"
+
+
+@needs_gpus(4, nccl=True)
+def test_lesson11_fsdp_and_tp_on_a_2x2_mesh_of_gpus(runs_dir):
+    from labutils.course import lesson
+
+    L = lesson.load(LESSON11, "lesson11")
+    result = launch(LESSON11 / "fsdp_tp.py", 4, backend="nccl", display="none", hang_timeout=120,
+                    timeout=300)
+    assert result.ok, result.summary()
+    print(L.mesh_table(result))
+    assert ": False" not in L.mesh_claims(result), L.mesh_claims(result)
