@@ -18,8 +18,9 @@ args=["--skip-checks", ...]). Three parts:
    elements (4004 bytes) on each group size; report(traffic=...) per rank.
 3. speed, like nccl-tests: all_reduce of float32 arrays from --min-bytes to --max-bytes
    (times 4 each step) on every rank, the library against the algorithms of ring.py.
-   Each call starts after a barrier; a call's time is that of the slowest rank; rank 0
-   reports the median per size. --check-only skips this part, --skip-checks parts 1-2.
+   Each call starts after a barrier; a call's time is that of the slowest rank; the
+   algorithms take turns, one call each per round, so that a busy moment of the machine
+   slows all of them alike; rank 0 reports each one's median per size. --check-only skips this part, --skip-checks parts 1-2.
    On a virtual cluster (labutils.cluster), every rank also counts the bytes its host's
    link carried during the untimed warm-up call, headers included
    (labutils.dist.link_bytes()), and rank 0 reports them with the timings.
@@ -128,23 +129,35 @@ nbytes = args.min_bytes
 while nbytes <= args.max_bytes:
     x = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # sums of zeros never overflow
     iters = args.iters or (8 if nbytes <= 128 * 2**10 else 5 if nbytes <= 2 * 2**20 else 3)
-    for name, all_reduce in candidates.items():
+    def call_of(all_reduce):
         def call():
             all_reduce(x)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+        return call
+
+    calls = {name: call_of(all_reduce) for name, all_reduce in candidates.items()}
+    on_links = {}
+    for name, call in calls.items():
         sync()
         before = link_bytes() or {"sent": 0, "received": 0}
         call()  # the warm-up call, not timed: its bytes on the link are counted
         sync()  # every rank has received everything: every byte has crossed the links
         after = link_bytes() or {"sent": 0, "received": 0}
-        on_link = torch.tensor([after[k] - before[k] for k in ("sent", "received")],
-                               dtype=torch.float64, device=device)
-        times = torch.tensor(time_calls(call, iters=iters, warmup=0, sync=sync), device=device)
+        on_links[name] = torch.tensor([after[k] - before[k] for k in ("sent", "received")],
+                                      dtype=torch.float64, device=device)
+    # One timed call of each algorithm per round, the rounds one after the other: a busy
+    # moment of the machine then slows every algorithm alike, not one of them.
+    timed = {name: [] for name in calls}
+    for _ in range(iters):
+        for name, call in calls.items():
+            timed[name] += time_calls(call, iters=1, warmup=0, sync=sync)
+    for name in calls:
+        times = torch.tensor(timed[name], device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
-        every_link = [torch.zeros_like(on_link) for _ in range(world_size)]
+        every_link = [torch.zeros_like(on_links[name]) for _ in range(world_size)]
         if on_cluster:
-            dist.all_gather(every_link, on_link)
+            dist.all_gather(every_link, on_links[name])
         if rank == 0:
             extra = {}
             if on_cluster:
