@@ -22,10 +22,11 @@ _LAZY = {
     "launch": "labutils.run.launcher", "last_result": "labutils.run.launcher",
     "RunResult": "labutils.run.result", "RankResult": "labutils.run.result",
     "Failure": "labutils.run.diagnosis", "Hang": "labutils.run.hang",
+    "world": "labutils.run.world", "World": "labutils.run.world",
 }
 
 __all__ = [
-    "launch", "last_result", "RunResult", "RankResult", "Failure", "Hang",
+    "launch", "last_result", "world", "World", "RunResult", "RankResult", "Failure", "Hang",
     "LabutilsError", "LaunchConfigError", "ScriptSyntaxError", "RecordError",
     "load_ipython_extension",
 ]

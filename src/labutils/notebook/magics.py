@@ -1,4 +1,5 @@
-"""%%torchrun: run the cell itself on N ranks, a thin wrapper over launch().
+"""%%torchrun: run the cell itself on N ranks, a thin wrapper over launch(); and
+%dist / %%ranks: cells on ranks that stay up between cells (labutils.run.world).
 
     %load_ext labutils
 
@@ -17,10 +18,23 @@ one-line UsageError and no rank starts.
 
 All the work is in run_cell(), which tests call directly; the magic only hands
 it the line, the cell and the user namespace.
+
+A persistent world, whose ranks keep their variables from one cell to the next:
+
+    %dist start -n 4            # --backend, --hang-timeout S, --cold, --display
+    %%ranks                     # this cell on every rank; %%ranks 0,2 on some
+    x = torch.ones(2) * rank
+    dist.all_reduce(x)
+    x                           # each rank's value: _ranks[0], _ranks[1], ...
+    %dist pull x                # x in the kernel: {rank: value}
+    %dist status | %dist stop
+
+dist_line() and ranks_cell() do the work, as run_cell() does for %%torchrun.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import keyword
 import os
@@ -29,16 +43,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from labutils.errors import LaunchConfigError
 from labutils.notebook.modes import DISPLAY_MODES
+from labutils.run import world as world_api
 from labutils.run.launcher import last_result, launch
 from labutils.run.options import add_launch_arguments, launch_kwargs, split_script_args
 from labutils.run.result import RunResult
-from labutils.run.spec import runs_root
+from labutils.run.spec import BACKENDS, runs_root
 from labutils.runtime import runfiles
+from labutils.runtime.runfiles import relative_path
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -131,6 +147,123 @@ def run_cell(line: str, cell: str, *, namespace: dict) -> RunResult:
     return result
 
 
+@magics_class
+class DistMagics(Magics):
+    """%dist and %%ranks: a persistent world of ranks (labutils.run.world)."""
+
+    @line_magic
+    def dist(self, line: str) -> object:
+        """%dist start -n N [--backend B] [--hang-timeout S] [--cold] | stop | status | pull NAME [--ranks 0,1]"""
+        shell = cast("InteractiveShell", self.shell)
+        return dist_line(line, namespace=shell.user_ns)
+
+    @cell_magic
+    def ranks(self, line: str, cell: str) -> None:
+        """%%ranks [R,R...] [--hang-timeout S] [--display MODE]: this cell on the world's ranks."""
+        shell = cast("InteractiveShell", self.shell)
+        ranks_cell(line, cell, namespace=shell.user_ns)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
+    parser.error = lambda message: (_ for _ in ()).throw(UsageError(f"{prog}: {message}"))  # type: ignore[method-assign]
+    return parser
+
+
+def _rank_list(text: str | None, prog: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{prog}: expected ranks as numbers separated by commas (0,2), "
+                         f"got {text!r}") from None
+
+
+def _words(line: str, prog: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{prog}: cannot split the options ({exc}): {line}") from None
+
+
+def dist_line(line: str, *, namespace: dict) -> object:
+    """What %dist does; the world (start, status), the stopped world's RunResult (stop)
+    or the pulled values (pull, also stored in namespace under the name)."""
+    words = _words(line, "%dist")
+    if not words or words[0] not in ("start", "stop", "status", "pull"):
+        raise UsageError("%dist: expected start -n N, stop, status or pull NAME, got "
+                         f"{line.strip()!r}")
+    what, rest = words[0], words[1:]
+    if what == "stop":
+        result = world_api.stop_current()
+        print("[labutils] the world was stopped" if result else "[labutils] no world was running")
+        return result
+    if what == "status":
+        now = world_api.current()
+        print(f"[labutils] {now.nproc} ranks up, run folder {relative_path(now.run_dir)}"
+              if now and now.alive else "[labutils] no world is running: %dist start -n N")
+        return now
+    if what == "pull":
+        parser = _parser("%dist pull")
+        parser.add_argument("name")
+        parser.add_argument("--ranks", default=None)
+        opts = _parse(parser, rest)
+        now = world_api.current()
+        if now is None or not now.alive:
+            raise UsageError("%dist pull: no world is running: %dist start -n N first")
+        try:
+            values = now.pull(opts.name, _rank_list(opts.ranks, "%dist pull"))
+        except (world_api.WorldError, LaunchConfigError) as exc:
+            raise UsageError(f"%dist pull: {exc}") from None
+        namespace[opts.name] = values
+        return None
+    parser = _parser("%dist start")
+    parser.add_argument("-n", "--nproc", type=int, default=2)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument("--hang-timeout", type=float, default=30.0)
+    parser.add_argument("--cold", action="store_true")
+    parser.add_argument("--display", default="auto", choices=DISPLAY_MODES)
+    opts = _parse(parser, rest)
+    try:
+        started = world_api.world(opts.nproc, backend=opts.backend, hang_timeout=opts.hang_timeout,
+                                  warm=not opts.cold, display=opts.display)
+    except (LaunchConfigError, world_api.WorldError) as exc:
+        raise UsageError(f"%dist start: {exc}") from None
+    print(f"[labutils] {opts.nproc} ranks up: %%ranks runs a cell on them "
+          f"(run folder {relative_path(started.run_dir)})")
+    return None
+
+
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    try:
+        return parser.parse_args(words)
+    except argparse.ArgumentError as exc:
+        raise UsageError(f"{parser.prog}: {exc}") from None
+
+
+def ranks_cell(line: str, cell: str, *, namespace: dict):
+    """What %%ranks does: run the cell on the current world's ranks; the CellResult,
+    each rank's last value in namespace["_ranks"]."""
+    parser = _parser("%%ranks")
+    parser.add_argument("ranks", nargs="?", default=None)
+    parser.add_argument("--hang-timeout", type=float, default=None)
+    parser.add_argument("--display", default=None, choices=DISPLAY_MODES)
+    opts = _parse(parser, _words(line, "%%ranks"))
+    chosen = _rank_list(opts.ranks, "%%ranks")
+    now = world_api.current()
+    if now is None or not now.alive:
+        raise UsageError("%%ranks: no world is running: start one with %dist start -n N")
+    try:
+        cell_result = now.run_cell(cell, chosen, display=opts.display,
+                                   hang_timeout=opts.hang_timeout)
+    except LaunchConfigError as exc:
+        raise UsageError(f"%%ranks: {exc}") from None
+    namespace["_ranks"] = cell_result.values
+    return cell_result
+
+
 def register(ipython) -> None:
-    """Add %%torchrun to an IPython shell (what %load_ext labutils calls)."""
+    """Add %%torchrun, %dist and %%ranks to an IPython shell (what %load_ext labutils calls)."""
     ipython.register_magics(TorchrunMagics)
+    ipython.register_magics(DistMagics)

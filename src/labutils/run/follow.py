@@ -23,7 +23,7 @@ from labutils.run import outcome
 from labutils.run.attempts import Attempt, AttemptFold, RankState
 from labutils.run.backends import Backend, LocalAgents, scheduler_backend
 from labutils.run.display import Display
-from labutils.run.hang import analyse_hang
+from labutils.run.hang import Hang, analyse_hang
 from labutils.run.nodes import NodeFiles, node_token, ranks_text
 from labutils.run.result import RunResult, attempt_line
 from labutils.run.spec import LaunchSpec, RunRequest
@@ -92,6 +92,7 @@ class Run:
         self._host_gone_at: float | None = None
         self._finished_at: float | None = None
         self._wait_noted = False
+        self._last_tick = 0.0
 
     @property
     def ranks(self) -> list[RankState]:
@@ -110,10 +111,26 @@ class Run:
     def run(self) -> RunResult:
         """Start, follow and end the run; the result (KeyboardInterrupt re-raised after
         every rank is stopped and the summary written)."""
+        with contextlib.ExitStack() as logs:
+            interrupted = False
+            try:
+                self.begin(logs)
+                while (ending := self.step()) is None:
+                    time.sleep(POLL_S)
+                self.state.reason = ending
+            except KeyboardInterrupt:
+                interrupted = True
+                self.state.reason = Ending.INTERRUPTED
+            return self.end(interrupted=interrupted)
+
+    def begin(self, logs: contextlib.ExitStack) -> None:
+        """Show the start and start the back end; the agents' log files are closed
+        with ``logs``. run() calls it, and a persistent world (run/world.py), which
+        then follows the run cell by cell with step()."""
         spec = self.state.spec
         env, net_note = {**os.environ, **self.request.env}, self._net_note
         self.state.t0 = self.last_activity = time.monotonic()
-        interrupted = False
+        self._last_tick = 0.0
         self.display.start(world_size=spec.world_size, log_dir=str(self.state.run_dir),
                            script=str(spec.script))
         if spec.local_agents > 1 and self.state.backend.agents:
@@ -123,22 +140,19 @@ class Run:
             self.display.note(_multinode_line(spec))
         for line in ([net_note] if net_note else []) + self.notes:
             self.display.note(line)
-        with contextlib.ExitStack() as logs:
+        self.state.backend.start(env, logs, self.display.note)
+        self._write_commands()
+
+    def end(self, *, interrupted: bool = False) -> RunResult:
+        """Stop every process (state.reason says why), settle and show the result.
+        KeyboardInterrupt once the result is written when ``interrupted``."""
+        while True:  # a second Ctrl-C must not leave processes behind
             try:
-                self.state.backend.start(env, logs, self.display.note)
-                self._write_commands()
-                self._follow()
+                self._shutdown()
+                break
             except KeyboardInterrupt:
                 interrupted = True
                 self.state.reason = Ending.INTERRUPTED
-            finally:
-                while True:  # a second Ctrl-C must not leave processes behind
-                    try:
-                        self._shutdown()
-                        break
-                    except KeyboardInterrupt:
-                        interrupted = True
-                        self.state.reason = Ending.INTERRUPTED
         global _last_result
         settled = outcome.final_result(self.state, now=time.monotonic())
         for rank, code in settled.exit_codes.items():
@@ -185,44 +199,39 @@ class Run:
             env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, minus its warning
         return env, net_note
 
-    def _follow(self) -> None:
-        spec, last_tick = self.state.spec, 0.0
-        while True:
-            self._poll()
-            now = time.monotonic()
-            if self._finished(now):
-                self._poll(final=True)
-                self.state.reason = self._ending()
-                return
-            if self.display.stop_requested.is_set():
-                self.display.note("stop requested: stopping every rank")
-                self.state.reason = Ending.STOPPED
-                return
-            if spec.multinode and self.nodes.stopped_elsewhere():
-                self.state.reason = Ending.STOPPED
-                return
-            if self.state.shared and self.nodes.failed_elsewhere(self.state.fold.remote_nodes,
-                                                           self._failed_ranks_of):
-                self.state.reason = Ending.FAILED
-                return
-            if spec.timeout is not None and now - self.state.t0 >= spec.timeout:
-                self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
-                self.state.reason = Ending.TIMEOUT
-                return
-            silent = now - self.last_activity
-            first = self.state.backend.scheduled or \
-                self.nodes.first_to_diagnose(self.state.fold.remote_nodes)
-            if spec.hang_timeout is not None and self._hung() and (
-                    silent >= spec.hang_timeout * (1 if first else 2)):
-                self._diagnose_hang(silent)
-                self.state.reason = Ending.HANG
-                return
-            if now - last_tick >= TICK_S:
-                self.display.tick()
-                self.state.backend.tick(now)
-                self._note_waiting_for_nodes(now)
-                last_tick = now
-            time.sleep(POLL_S)
+    def step(self) -> Ending | None:
+        """One turn of the follow loop: read what is new, show it, and say whether the
+        run ends now, and why (None: it goes on; call again after POLL_S)."""
+        spec = self.state.spec
+        self._poll()
+        now = time.monotonic()
+        if self._finished(now):
+            self._poll(final=True)
+            return self._ending()
+        if self.display.stop_requested.is_set():
+            self.display.note("stop requested: stopping every rank")
+            return Ending.STOPPED
+        if spec.multinode and self.nodes.stopped_elsewhere():
+            return Ending.STOPPED
+        if self.state.shared and self.nodes.failed_elsewhere(self.state.fold.remote_nodes,
+                                                             self._failed_ranks_of):
+            return Ending.FAILED
+        if spec.timeout is not None and now - self.state.t0 >= spec.timeout:
+            self.display.note(f"timeout of {spec.timeout:g} s reached: stopping every rank")
+            return Ending.TIMEOUT
+        silent = now - self.last_activity
+        first = self.state.backend.scheduled or \
+            self.nodes.first_to_diagnose(self.state.fold.remote_nodes)
+        if spec.hang_timeout is not None and self._hung() and (
+                silent >= spec.hang_timeout * (1 if first else 2)):
+            self._diagnose_hang(silent)
+            return Ending.HANG
+        if now - self._last_tick >= TICK_S:
+            self.display.tick()
+            self.state.backend.tick(now)
+            self._note_waiting_for_nodes(now)
+            self._last_tick = now
+        return None
 
     def _ending(self) -> Ending:
         backend = self.state.backend
@@ -320,6 +329,10 @@ class Run:
         self.endings.close()
 
     # ------------------------------------------------------------- following
+    def read_new(self) -> None:
+        """Read and show what is new in the run folder now (step() does it each turn)."""
+        self._poll()
+
     def _poll(self, *, final: bool = False) -> None:
         # Events of all ranks in the order they happened, so that the last events of
         # one attempt are never taken for the next attempt's.
@@ -387,7 +400,16 @@ class Run:
                 return
 
     def _diagnose_hang(self, silent: float) -> None:
-        alive = [r for r in self.ranks if self.alive(r)]
+        self.state.hang = self.read_stacks(silent)
+        for r in self.ranks:
+            if r.rank in self.state.hang.stacks:
+                self.set_state(r, RankStatus.HUNG)
+
+    def read_stacks(self, silent: float, *, script: str | None = None,
+                    ranks: set[int] | None = None) -> Hang:
+        """Every live rank's stack (of ``ranks``, default all), read now, and where each
+        waits in ``script`` (default the run's; a persistent world's cell file)."""
+        alive = [r for r in self.ranks if self.alive(r) and (ranks is None or r.rank in ranks)]
         self.display.note(f"no rank made progress for {silent:.0f} s: reading every rank's stack")
         offsets = {r.rank: outcome.stacks_size(self.state.run_dir, r.rank) for r in alive}
         for r in alive:
@@ -402,11 +424,8 @@ class Run:
         dumps = outcome.wait_for_dumps(self.state.run_dir, offsets)
         exited: dict[int, int | None] = {r.rank: r.exit_code for r in self._members()
                                           if r.exit_code is not None}
-        self.state.hang = analyse_hang(dumps, {r.rank: r.main_tid for r in alive}, str(self.state.spec.script),
-                                 exited=exited, silent_s=silent)
-        for r in alive:
-            self.set_state(r, RankStatus.HUNG)
-
+        return analyse_hang(dumps, {r.rank: r.main_tid for r in alive},
+                            script or str(self.state.spec.script), exited=exited, silent_s=silent)
 
 
 def _multinode_line(spec: LaunchSpec) -> str:

@@ -100,6 +100,9 @@ class RunResult:
     start: str | None = None
     start_reason: str | None = None
     warm_server: str | None = None
+    # What the headline calls it: "run", or "cell N" for a cell of a persistent world
+    # (labutils.run.world), whose outcome is told as a run's.
+    kind: str = "run"
 
     @property
     def restarts(self) -> int:
@@ -151,7 +154,7 @@ class RunResult:
             "stopped": "STOPPED", "interrupted": "INTERRUPTED",
         }.get(self.reason, self.reason)
         restarts = f", {self.restarts} restart(s)" if self.restarts else ""
-        return (f"run {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
+        return (f"{self.kind} {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
                 f"logs in {runfiles.relative_path(self.log_dir)}")
 
     def summary(self, *, traceback_shown: bool = False) -> str:

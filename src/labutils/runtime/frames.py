@@ -10,12 +10,15 @@ import os
 import sys
 
 _RUNTIME = os.path.dirname(os.path.abspath(__file__))
+# The loop a persistent world's ranks run the notebook's cells in (labutils/cells.py).
+_CELLS = os.path.join(os.path.dirname(_RUNTIME), "cells.py")
 
 
 def is_bootstrap(path: str) -> bool:
-    """A frame of what runs the learner's script: runpy, or labutils' worker."""
+    """A frame of what runs the learner's script: runpy, labutils' worker, or the loop
+    that runs a persistent world's cells."""
     return path == "<frozen runpy>" or path.endswith(("/runpy.py", "labutils/runtime/worker.py")) \
-        or path.startswith(_RUNTIME)
+        or path.startswith(_RUNTIME) or path == _CELLS
 
 
 def is_library(path: str) -> bool:

@@ -63,6 +63,9 @@ ENV_FAULT = "LABUTILS_FAULT"
 # The network interface of this host's link on a virtual cluster (labutils.cluster),
 # set for every node it launches: labutils.dist.link_bytes() reads its counters.
 ENV_LINK = "LABUTILS_LINK"
+# The Unix socket of a persistent world's caller (labutils.run.world): every rank of the
+# world connects to it and runs the cells it is sent (runtime/cells.py).
+ENV_WORLD_SOCKET = "LABUTILS_WORLD_SOCKET"
 # Read by the launcher and the display:
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"  # where run folders go when launch() gets no log_dir
 ENV_DISPLAY = "LABUTILS_DISPLAY"  # what display="auto" means ("text" under the grader)
