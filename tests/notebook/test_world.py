@@ -205,3 +205,48 @@ def test_nothing_is_left_when_the_kernel_restarts_or_dies(tmp_path, how):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_breakpoint_in_a_cell_is_debugged_while_the_hang_watch_waits(tmp_path, monkeypatch):
+    """rank 1 stops at breakpoint() while rank 0 waits in the all_reduce; the cell's
+    display is its debugger (as a pane's pdb box is); the hang timeout (2 s) passes
+    meanwhile without a hang."""
+    import io
+    import threading
+
+    from labutils.notebook.display import TextDisplay
+    from labutils.run.world import World
+    from labutils.runtime.debugger import Console
+
+    monkeypatch.setenv("LABUTILS_RUNS_DIR", str(tmp_path / "runs"))
+    out, typed = io.StringIO(), []
+
+    class Typing(TextDisplay):
+        def debugger(self, rank, event):
+            super().debugger(rank, event)
+            if event.get("state") == "waiting":
+                threading.Thread(target=self.type, args=(event["socket"],), daemon=True).start()
+
+        def type(self, path):
+            console = Console(path)
+            time.sleep(3)  # longer than the hang timeout
+            for line in ("p secret", "secret = 99", "c"):
+                console.send(line)
+                time.sleep(0.3)
+                typed.append(console.take())
+            console.closed.wait(10)
+            console.close()
+
+    world = World(2, hang_timeout=2).start()
+    try:
+        pids = list(world.pids.values())
+        cell = world.run_cell("secret = 40 + rank\nif rank == 1:\n    breakpoint()\n"
+                              "t = torch.tensor([float(secret)])\ndist.all_reduce(t)\nt.item()",
+                              display=Typing(out=out, err=out))
+        assert cell.ok and cell.values == {0: 139.0, 1: 139.0}, out.getvalue()
+        assert "rank 1 stopped at cell-1.py:3" in out.getvalue(), out.getvalue()
+        assert "41" in typed[0], typed  # what pdb printed for `p secret`
+        assert "hang" not in out.getvalue().lower()
+    finally:
+        world.stop()
+    _all_gone(pids)

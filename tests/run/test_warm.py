@@ -231,6 +231,26 @@ def test_the_server_is_single_threaded_and_answers_bad_requests(runs_dir):
     assert server.call({"op": "poll", "pid": 1}) == {"code": None}
 
 
+def test_a_call_cut_short_by_ctrl_c_does_not_hand_its_answer_to_the_next(runs_dir, monkeypatch):
+    """Ctrl-C between a request and its answer (a kernel interrupted while its run is
+    polled): the next call, a new run's start, must read its own answer."""
+    launch(SEES, 2, display="none")
+    server = warm.servers()[0]
+    read = server._read
+
+    def interrupted(timeout):
+        monkeypatch.setattr(server, "_read", read)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.call({"op": "poll", "pid": 1})
+    with pytest.raises(warm.WarmUnavailable, match="unknown request"):
+        server.call({"op": "nothing"})  # not the poll's {"code": None}
+    result = launch(SEES, 2, display="none")
+    assert result.ok and result.start == "warm" and warm.servers()[0] is server
+
+
 def test_a_prestarted_server_serves_the_first_run(runs_dir):
     for server in warm.servers():  # the session's servers, to see prestart() at work
         warm._servers.remove(server)

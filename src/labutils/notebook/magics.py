@@ -244,7 +244,7 @@ def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namesp
 
 def ranks_cell(line: str, cell: str, *, namespace: dict):
     """What %%ranks does: run the cell on the current world's ranks; the CellResult,
-    each rank's last value in namespace["_ranks"]."""
+    also in namespace["_cell"], and each rank's last value in namespace["_ranks"]."""
     parser = _parser("%%ranks")
     parser.add_argument("ranks", nargs="?", default=None)
     parser.add_argument("--hang-timeout", type=float, default=None)
@@ -260,6 +260,7 @@ def ranks_cell(line: str, cell: str, *, namespace: dict):
     except LaunchConfigError as exc:
         raise UsageError(f"%%ranks: {exc}") from None
     namespace["_ranks"] = cell_result.values
+    namespace["_cell"] = cell_result
     return cell_result
 
 

@@ -208,6 +208,7 @@ class Server:
         self.import_env = import_env(env)
         self.stamp = install_stamp()
         self.lock = threading.Lock()
+        self.owed = 0  # answers the server has sent (or will) that no call has read
         self.keepers: set[int] = set()  # keepers started and not yet seen to end
         self.used = time.monotonic()
         mine, theirs = socket.socketpair()
@@ -261,12 +262,20 @@ class Server:
         """One request and its answer; WarmUnavailable when the server is gone."""
         self.ready()
         with self.lock:
+            # Answers to calls an interrupt cut short (Ctrl-C between the request and
+            # its answer) come first: read and drop them, or this call reads theirs.
+            while self.owed:
+                if not self._read(CALL_TIMEOUT_S):
+                    break
+                self.owed -= 1
             try:
                 self.sock.sendall(json.dumps(request).encode() + b"\n")
             except OSError:
                 self.close()
                 raise WarmUnavailable(f"the warm server is gone: {self.last_words()}") from None
+            self.owed += 1
             reply = self._read(CALL_TIMEOUT_S)
+            self.owed -= 1
         if not reply:
             raise WarmUnavailable(f"the warm server is gone: {self.last_words()}")
         if "error" in reply:

@@ -40,6 +40,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,6 +391,7 @@ class _Cell:
         self.read_for_victims = False
         self.world_result: RunResult | None = None  # the world's run, if it ended in the cell
         self.interrupted = ""
+        self.ctrl_c = threading.Event()  # set by Ctrl-C while the cell runs (follow())
 
     @property
     def run(self) -> Run:
@@ -404,17 +406,13 @@ class _Cell:
         for rank in self.ranks:
             self.display.state(rank, RankStatus.RUNNING)
         run.last_activity = time.monotonic()
-        interrupted = False
-        try:
+        with _interrupts_as_a_flag() as self.ctrl_c:
             world._send(self.ranks, {"op": "cell", "seq": world.seq, "file": str(self.path)})
             self._wait()
-        except KeyboardInterrupt:
-            interrupted = True
-            self.interrupted = Ending.INTERRUPTED
-            self._interrupt()
-        cell = self._settle(time.monotonic() - t0)
-        if interrupted:
-            raise KeyboardInterrupt(f"cell {cell.seq} interrupted; {cell.restarted or 'the world kept its state'}")
+            cell = self._settle(time.monotonic() - t0)
+        if self.interrupted == Ending.INTERRUPTED:
+            raise KeyboardInterrupt(f"cell {cell.seq} interrupted; "
+                                    f"{cell.restarted or 'the world kept its state'}")
         return cell
 
     def _pending(self) -> list[int]:
@@ -433,9 +431,10 @@ class _Cell:
             if now - last_tick >= TICK_S:
                 self.display.tick()
                 last_tick = now
-            if self.display.stop_requested.is_set():
-                self.interrupted = Ending.STOPPED
-                self.display.note("stop requested: interrupting the cell on every rank")
+            if self.ctrl_c.is_set() or self.display.stop_requested.is_set():
+                self.interrupted = Ending.INTERRUPTED if self.ctrl_c.is_set() else Ending.STOPPED
+                self.display.note(("interrupted" if self.ctrl_c.is_set() else "stop requested")
+                                  + ": interrupting the cell on every rank")
                 self._interrupt()
                 return
             if any(r.debugger for r in self.run.ranks):
@@ -573,6 +572,24 @@ class _Cell:
                          log_dir=run_dir, ranks=ranks, failure=failure,
                          hang=self.hang if not self.victims else None, reason=str(reason),
                          script=str(self.path), kind=f"cell {self.world.seq}")
+
+
+@contextlib.contextmanager
+def _interrupts_as_a_flag():
+    """While a cell runs, Ctrl-C (a kernel's interrupt) sets the flag this yields instead
+    of raising KeyboardInterrupt wherever the caller happens to be: the cell's loop
+    sees it between two steps and interrupts the ranks, and the run's state is never
+    left half-updated. Only in the main thread (signals go there); elsewhere the flag
+    is never set."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _were(ranks: list[int]) -> str:
