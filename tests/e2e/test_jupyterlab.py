@@ -50,6 +50,15 @@ hung = launch("scripts/train_steps.py", nproc=2, hang_timeout=3,
               args=["--stuck-rank", "1", "--stuck-step", "5", "--sleep", "0.1"])""",
     "debug": """\
 debugged = launch("scripts/breakpoint_rank1.py", nproc=2, hang_timeout=3)""",
+    "world": "%load_ext labutils\n%dist start -n 2",
+    "world_loop": """\
+%%ranks
+import time
+kept = rank * 7
+for i in range(100000):
+    print("tick", i, flush=True)
+    time.sleep(0.1)""",
+    "world_after": "%%ranks\nkept",
 }
 CELL = {name: i for i, name in enumerate(CELLS)}
 
@@ -341,3 +350,26 @@ def test_a_rank_at_a_breakpoint_takes_pdb_commands_in_its_pane(scenario):
     assert "rank 1: secret 99" in view.body(1)
     assert box.count() == 0, "the text box goes once the session ends"
     assert "run finished: 2 rank(s)" in view.summary.inner_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_persistent_world_shows_panes_per_cell_and_keeps_its_variables_after_stop(scenario):
+    scenario.run(CELL["world"])
+    scenario.wait_finished(CELL["world"], timeout=120)
+    cell = CELL["world_loop"]
+    scenario.run(cell)
+    view = RunView(scenario.cell(cell))
+    wait_for(lambda: view.count() == 2 and all(len(view.lines(r)) >= 3 for r in range(2)),
+             timeout=120, what="both ranks printing in the cell's panes")
+    assert "tick 0" in view.body(0) and "tick 0" in view.body(1)
+    view.stop.click()
+    scenario.wait_finished(cell, timeout=60)
+    assert "cell 2 STOPPED" in view.summary.inner_text()
+    assert "the world kept every rank's variables" in view.notes.inner_text()
+    scenario.screenshot(cell, ARTIFACTS / "08-world-stopped.png")
+    after = CELL["world_after"]
+    scenario.run(after)
+    scenario.wait_finished(after, timeout=60)
+    view = RunView(scenario.cell(after))
+    assert view.states() == ["done", "done"]
+    assert view.body(0).strip().endswith("0") and view.body(1).strip().endswith("7")

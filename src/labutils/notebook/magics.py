@@ -152,10 +152,10 @@ class DistMagics(Magics):
     """%dist and %%ranks: a persistent world of ranks (labutils.run.world)."""
 
     @line_magic
-    def dist(self, line: str) -> object:
+    def dist(self, line: str) -> None:
         """%dist start -n N [--backend B] [--hang-timeout S] [--cold] | stop | status | pull NAME [--ranks 0,1]"""
         shell = cast("InteractiveShell", self.shell)
-        return dist_line(line, namespace=shell.user_ns)
+        dist_line(line, namespace=shell.user_ns)  # what it returns is for callers, not shown
 
     @cell_magic
     def ranks(self, line: str, cell: str) -> None:

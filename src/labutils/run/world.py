@@ -448,6 +448,11 @@ class _Cell:
             if silent >= self.hang_timeout and self._pending():
                 self.hang = self.run.read_stacks(silent, script=str(self.path),
                                                  ranks=set(self._pending()))
+                idle = [r for r in range(self.world.nproc) if r not in self.ranks]
+                if idle and any(self.hang.calls.values()):
+                    self.hang.explanation += (
+                        f"; {rank_list(idle)} did not run this cell, and a collective waits "
+                        "for every rank of its group")
                 return
         self.run.read_new()  # the last lines the ranks flushed before answering
 
