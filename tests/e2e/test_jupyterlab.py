@@ -59,6 +59,7 @@ for i in range(100000):
     print("tick", i, flush=True)
     time.sleep(0.1)""",
     "world_after": "%%ranks\nkept",
+    "world_stop": "%dist stop",
 }
 CELL = {name: i for i, name in enumerate(CELLS)}
 
@@ -364,7 +365,7 @@ def test_a_persistent_world_shows_panes_per_cell_and_keeps_its_variables_after_s
     assert "tick 0" in view.body(0) and "tick 0" in view.body(1)
     view.stop.click()
     scenario.wait_finished(cell, timeout=60)
-    assert "cell 2 STOPPED" in view.summary.inner_text()
+    assert "cell 1 STOPPED" in view.summary.inner_text()
     assert "the world kept every rank's variables" in view.notes.inner_text()
     scenario.screenshot(cell, ARTIFACTS / "08-world-stopped.png")
     after = CELL["world_after"]
@@ -373,3 +374,5 @@ def test_a_persistent_world_shows_panes_per_cell_and_keeps_its_variables_after_s
     view = RunView(scenario.cell(after))
     assert view.states() == ["done", "done"]
     assert view.body(0).strip().endswith("0") and view.body(1).strip().endswith("7")
+    scenario.run(CELL["world_stop"])  # the world's ranks end with this test
+    scenario.wait_finished(CELL["world_stop"], timeout=60)

@@ -82,6 +82,7 @@ class _Router(Display):
         super().__init__()
         self.target: Display | None = None
         self.early: list[tuple[str, tuple]] = []  # between cells, for the next one
+        self.counts: dict[tuple[int, str], int] = {}  # (rank, stream) -> lines, this cell
 
     def _send(self, what: str, *args) -> None:
         if self.target is None:
@@ -90,6 +91,8 @@ class _Router(Display):
             getattr(self.target, what)(*args)
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        key = (rank, stream)
+        self.counts[key] = self.counts.get(key, 0) + len(lines)
         self._send("lines", rank, stream, lines)
 
     def record(self, rank: int, values: dict) -> None:
@@ -111,6 +114,7 @@ class _Router(Display):
     def attach(self, display: Display | None) -> None:
         self.target = display
         if display is not None:
+            self.counts = {}
             for what, args in self.early:
                 getattr(display, what)(*args)
             self.early.clear()
@@ -571,8 +575,10 @@ class _Cell:
                               also_failed=raised[1:])
         reason = (Ending.FAILED if failure else Ending.HANG if self.hang is not None
                   else Ending(self.interrupted) if self.interrupted else Ending.OK)
+        counts = world._router.counts
         ranks = [RankResult(rank=r, state=states[r], pid=world._pids.get(r), log_dir=run_dir,
-                            victim=r in self.victims) for r in self.ranks]
+                            victim=r in self.victims, stdout_lines=counts.get((r, "stdout"), 0),
+                            stderr_lines=counts.get((r, "stderr"), 0)) for r in self.ranks]
         return RunResult(ok=reason == Ending.OK, world_size=len(self.ranks), duration_s=duration,
                          log_dir=run_dir, ranks=ranks, failure=failure,
                          hang=self.hang if not self.victims else None, reason=str(reason),
