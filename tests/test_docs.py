@@ -38,7 +38,7 @@ def test_the_page_names_commands():
 @pytest.mark.parametrize("name", sorted(set(re.findall(r"`(labutils(?:\.\w+)+)", DOC))))
 def test_every_module_named_exists(name):
     parts = name.split(".")
-    for cut in range(len(parts), 1, -1):  # labutils.run.spec.make_spec: a module, then a name
+    for cut in range(len(parts), 0, -1):  # labutils.run.spec.make_spec: a module, then a name
         try:
             module = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError:
