@@ -68,6 +68,8 @@ def test_ranks_never_mix_within_a_line(runs_dir):
         assert r.stdout.count("\n") == 3000
 
 
+@pytest.mark.warm_only("cold: tests/run/test_endings.py runs an exception in the main thread "
+                       "cold, with 2 and 4 ranks, and requires the same verdict as warm")
 def test_failure_names_root_cause_and_victims(runs_dir):
     display, out, _ = text_display()
     result = launch(SCRIPTS / "fail_rank2.py", 4, display=display)
@@ -100,6 +102,7 @@ def test_collective_timeouts_are_reported_as_a_mismatch_with_every_ranks_call(ru
     assert "rank 0 waited in all_reduce() at" in text and "rank 1 waited in barrier() at" in text
 
 
+@pytest.mark.warm_only("cold: test_endings.py's size_mismatch ending, gloo's abort, cold")
 def test_a_rank_killed_by_a_cpp_error_is_reported_with_the_error_and_its_line(runs_dir):
     """gloo aborts a rank (SIGABRT, no Python exception): its stderr still says why and where."""
     display, out, _ = text_display()
@@ -114,6 +117,7 @@ def test_a_rank_killed_by_a_cpp_error_is_reported_with_the_error_and_its_line(ru
     assert "gloo::EnforceNotMet" in text and "runtime/server.py" not in text
 
 
+@pytest.mark.warm_only("cold: test_endings.py's hang ending (a rank stuck in a collective), cold")
 def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     display, out, _ = text_display()
     hang_timeout = 3.0
@@ -147,6 +151,9 @@ def test_timeout_stops_every_rank_quickly(runs_dir):
     assert result.ranks[0].stdout.startswith("starting\n")  # logs kept
 
 
+@pytest.mark.warm_only("a rank's output takes one path warm and cold (the worker bootstrap's "
+                       "fd redirect to the run folder's files); test_hello_four_ranks[cold] "
+                       "reads a cold run's lines")
 def test_flood_is_complete_on_disk_and_bounded_on_screen(runs_dir):
     n = 200_000
     display, out, _ = text_display(limit=200)
