@@ -185,6 +185,7 @@ NOTEBOOKS_THAT_DO_NOT_MEASURE = (
     "05_elastic_training.ipynb",  # restarts after kills at steps, equal weights
     "10_current_stack.ipynb",     # placements, bytes per collective, equal weights
     "11_parallelism_in_several_dimensions.ipynb",  # equal gradients, collectives, saved bytes
+    "12_where_memory_goes.ipynb",  # bytes held, FLOPs and ops counted, equal gradients
 )
 
 

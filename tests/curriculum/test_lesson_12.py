@@ -1,0 +1,71 @@
+"""Lesson 12's notebook helpers (lessons/12_where_memory_goes/lesson12.py) on hand-made
+records: the memory formulas, and claims that must turn False when a record is off.
+The notebook runs the scripts (nbval)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from helpers import LESSONS
+
+from labutils.course import lesson
+
+L = lesson.load(LESSONS / "12_where_memory_goes", "lesson12")
+NUMEL, DIM, ROWS, N = 2_102_272, 256, 64, 4
+
+
+def anatomy_run(**off) -> SimpleNamespace:
+    """anatomy.py's records on 4 ranks, each part as the formula says; off={"way.part": delta}."""
+    records = [{"rank": r, "part": "model", "numel": NUMEL, "dim": DIM, "rows": ROWS} for r in range(N)]
+    for way in L.WAYS:
+        want = L.predicted(way, numel=NUMEL, world_size=N, dim=DIM, rows=ROWS)
+        for r in range(N):
+            rec = {"rank": r, "part": "anatomy", "way": way, **want}
+            for key, delta in off.items():
+                w, part = key.split(".")
+                if w == way and r == 1:
+                    rec[part] += delta
+            records.append(rec)
+    return SimpleNamespace(records=records, world_size=N)
+
+
+def test_the_formulas_are_the_bytes_torch_2_13_gave_on_4_ranks():
+    # what anatomy.py measured (2026-11-27): rank 0, every way
+    assert L.predicted("ddp", numel=NUMEL, world_size=N, dim=DIM, rows=ROWS) == {
+        "params": 8_409_088, "grads": 8_409_088, "optimizer": 16_818_176, "activations": 2_490_368}
+    assert L.predicted("zero1", numel=NUMEL, world_size=N, dim=DIM, rows=ROWS)["optimizer"] == 4_204_544
+    assert L.predicted("fsdp2", numel=NUMEL, world_size=N, dim=DIM, rows=ROWS)["params"] == 2_102_272
+    tp = L.predicted("tp", numel=NUMEL, world_size=N, dim=DIM, rows=ROWS)
+    assert (tp["params"], tp["optimizer"], tp["activations"]) == (2_105_344, 4_210_688, 917_504)
+
+
+def test_anatomy_claims_hold_only_when_every_part_matches():
+    assert L.anatomy_claims(anatomy_run()).startswith(
+        "every part, every way, all 4 ranks equal to the formula to the byte: True")
+    claims = L.anatomy_claims(anatomy_run(**{"zero1.optimizer": 8}))
+    assert ": False" in claims and "zero1 rank 1 optimizer: 4204552 != 4204544" in claims
+    table = L.anatomy_table(anatomy_run())
+    assert "ddp" in table and "34.45" in table  # 32 MiB of model state + 2.4 MiB of activations
+
+
+def ckpt_run(*, full_extra: int = 134_217_728, selective_gelu: int = 4, equal: bool = True):
+    base = 503_316_480
+    recs = [
+        {"rank": 0, "part": "checkpointing", "how": "none", "held": 2_424_832, "backward_flops": base,
+         "backward_ops": 87, "recomputed": {"mm": 15}},
+        {"rank": 0, "part": "checkpointing", "how": "full", "held": 347_904,
+         "backward_flops": base + full_extra, "backward_ops": 139,
+         "recomputed": {"addmm": 4, "gelu": 4, "mm": 15}},
+        {"rank": 0, "part": "checkpointing", "how": "selective", "held": 1_658_624, "backward_flops": base,
+         "backward_ops": 135, "recomputed": {"gelu": selective_gelu, "mm": 15}},
+        {"rank": 0, "part": "equal", "gradients_equal": equal},
+    ]
+    return SimpleNamespace(records=recs, world_size=1)
+
+
+def test_checkpoint_claims_turn_false_with_the_facts():
+    assert "False" not in L.checkpoint_claims(ckpt_run())
+    assert "exactly: False" in L.checkpoint_claims(ckpt_run(full_extra=2 * 134_217_728))
+    assert "in backward: False" in L.checkpoint_claims(ckpt_run(selective_gelu=0))
+    assert "bit for bit: False" in L.checkpoint_claims(ckpt_run(equal=False))
+    assert "selective" in L.checkpoint_table(ckpt_run())
