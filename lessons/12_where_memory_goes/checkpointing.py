@@ -30,9 +30,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-from torch.utils.flop_counter import FlopCounterMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py and anatomy.py sit next to this file
 from model import batch, make_mlp
@@ -108,7 +112,7 @@ x, y = batch(0, rows=ROWS)
 grads = {}
 for how in ("none", "full", "selective"):
     model = make_mlp()
-    held, loss = held_after_forward(lambda: F.mse_loss(forward(model, x, how), y))
+    held, loss = held_after_forward(partial(lambda m, h: F.mse_loss(forward(m, x, h), y), model, how))
     flops, ops = FlopCounterMode(display=False), CountOps()
     with flops, ops:
         loss.backward()
