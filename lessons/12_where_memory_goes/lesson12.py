@@ -110,6 +110,42 @@ def checkpoint_claims(run, *, dim: int = 256, rows: int = 64, blocks: int = 4) -
     ])
 
 
+def _accum(run) -> dict[str, dict]:
+    return {r["way"]: r for r in _part(run.records, "accumulation") if r["rank"] == 0}
+
+
+def accumulation_table(run) -> str:
+    """Per way of accumulating: equal to the global batch's gradient, its size against
+    it, and the collectives that carried gradients on rank 0."""
+    rows = [[way, r["equal"], f"{r['norm_ratio']:.3f}", r["collective"], ", ".join(map(str, r["calls"]))]
+            for way, r in _accum(run).items()]
+    return text_table(["way", "gradient equal to the global batch's", "size / global batch's",
+                       "gradient collective", "calls in micro-steps 1, 2, 3, 4"], rows, right=(2,))
+
+
+def accumulation_claims(run) -> str:
+    """What the table must show, each line True."""
+    a = _accum(run)
+    g = next(r for r in _part(run.records, "global_batch") if r["rank"] == 0)
+    no_sync, every = a["ddp, no_sync"], a["ddp, every micro-step synced"]
+    loud, fsdp = a["ddp, loss not divided"], a["fsdp2, sync on the last"]
+    return "\n".join([
+        f"global batch: {g['micro']} rows x {g['accum']} micro-steps x {g['world_size']} ranks = "
+        f"{g['micro'] * g['accum'] * g['world_size']} rows, the reference's {g['rows']}: "
+        f"{g['micro'] * g['accum'] * g['world_size'] == g['rows']}",
+        f"no_sync gives the global batch's gradient: {no_sync['equal']}",
+        f"with no_sync the gradients travel in the last micro-step only: "
+        f"{no_sync['calls'][-1] > 0 and not any(no_sync['calls'][:-1])}",
+        f"syncing every micro-step gives the same gradient, all-reducing in every micro-step: "
+        f"{every['equal'] and all(every['calls'])}",
+        f"a loss not divided by the micro-steps gives {g['accum']}x the gradient: "
+        f"{not loud['equal'] and abs(loud['norm_ratio'] - g['accum']) < 1e-3}",
+        f"FSDP2 synced on the last micro-step only gives the global batch's gradient: {fsdp['equal']}",
+        f"FSDP2 reduce-scatters in the last micro-step only: "
+        f"{fsdp['calls'][-1] > 0 and not any(fsdp['calls'][:-1])}",
+    ])
+
+
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (answers left as None are skipped)."""
     expected = {
@@ -117,9 +153,10 @@ def check_answers(answers: dict) -> None:
         "q2_zero1_bytes_per_parameter_8_ranks": (5, "4 + 4 + 8/8"),
         "q3_fsdp2_bytes_per_parameter_8_ranks": (2, "(4 + 4 + 8)/8"),
         "q4_what_full_checkpointing_keeps": ("input", "each checkpointed block's input"),
+        "q5_global_batch_rows_micro16_accum8_ranks4": (512, "16 x 8 x 4"),
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
 
 __all__ = ["predicted", "model_facts", "anatomy_table", "anatomy_claims", "checkpoint_table",
-           "checkpoint_claims", "check_answers"]
+           "checkpoint_claims", "accumulation_table", "accumulation_claims", "check_answers"]

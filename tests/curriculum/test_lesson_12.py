@@ -69,3 +69,27 @@ def test_checkpoint_claims_turn_false_with_the_facts():
     assert "in backward: False" in L.checkpoint_claims(ckpt_run(selective_gelu=0))
     assert "bit for bit: False" in L.checkpoint_claims(ckpt_run(equal=False))
     assert "selective" in L.checkpoint_table(ckpt_run())
+
+
+def accum_run(*, loud_ratio: float = 4.0, fsdp_equal: bool = True, every_calls=(1, 2, 2, 2),
+              fsdp_calls=(0, 0, 0, 4)):
+    def rec(way, equal, ratio, collective, calls):
+        return {"rank": 0, "part": "accumulation", "way": way, "equal": equal, "norm_ratio": ratio,
+                "collective": collective, "calls": calls}
+    recs = [rec("ddp, no_sync", True, 1.0, "all_reduce", [0, 0, 0, 1]),
+            rec("ddp, every micro-step synced", True, 1.0, "all_reduce", every_calls),
+            rec("ddp, loss not divided", False, loud_ratio, "all_reduce", [0, 0, 0, 1]),
+            rec("fsdp2, sync on the last", fsdp_equal, 1.0, "reduce_scatter", fsdp_calls),
+            {"rank": 0, "part": "global_batch", "micro": 8, "accum": 4, "world_size": 4, "rows": 128}]
+    return SimpleNamespace(records=recs, world_size=4)
+
+
+def test_accumulation_claims_turn_false_with_the_facts():
+    assert "False" not in L.accumulation_claims(accum_run())
+    assert "4x the gradient: False" in L.accumulation_claims(accum_run(loud_ratio=1.0))
+    assert "in every micro-step: False" in L.accumulation_claims(accum_run(every_calls=(1, 0, 0, 2)))
+    assert "reduce-scatters in the last micro-step only: False" in \
+        L.accumulation_claims(accum_run(fsdp_calls=(4, 0, 0, 4)))
+    assert "last micro-step only gives the global batch's gradient: False" in \
+        L.accumulation_claims(accum_run(fsdp_equal=False))
+    assert "0, 0, 0, 4" in L.accumulation_table(accum_run())
