@@ -323,6 +323,28 @@ def test_lesson10_inductor_on_one_gpu_writes_triton_and_equals_eager_ddp(runs_di
     assert not [r for r in result.records if r.get("part") == "graphs"]  # part 1 skipped
 
 
+@needs_gpus(1)
+def test_lesson12_memory_snapshot_on_one_gpu_matches_the_formulas(runs_dir):
+    """Lesson 12's GPU cell: the caching allocator's readings of one Adam step, and a
+    snapshot written next to the rank's logs."""
+    import pickle
+
+    from labutils.course import lesson
+
+    lesson12 = lesson.load(LESSONS / "12_where_memory_goes", "lesson12")
+    result = launch(LESSONS / "12_where_memory_goes" / "snapshot.py", 1, display="none",
+                    hang_timeout=120, timeout=300)
+    assert result.ok, result.summary()
+    print(lesson12.snapshot_table(result))
+    claims = lesson12.snapshot_claims(result)
+    print(claims)
+    assert "False" not in claims
+    snap = next(r for r in result.records if r.get("part") == "snapshot")
+    with open(snap["path"], "rb") as f:
+        data = pickle.load(f)
+    assert data["segments"] and data["device_traces"]
+
+
 # ------------------------------------------------------------------ lesson 11 on NCCL
 
 LESSON11 = LESSONS / "11_parallelism_in_several_dimensions"

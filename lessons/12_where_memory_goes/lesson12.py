@@ -146,6 +146,33 @@ def accumulation_claims(run) -> str:
     ])
 
 
+def snapshot_table(run) -> str:
+    """snapshot.py's readings of torch.cuda.memory_allocated(), in MiB and in bytes per parameter."""
+    snap = _part(run.records, "snapshot")[0]
+    rows = [[moment, f"{nbytes / MiB:.2f}", f"{nbytes / snap['numel']:.2f}"]
+            for moment, nbytes in snap["readings"].items()]
+    rows.append(["peak", f"{snap['peak'] / MiB:.2f}", f"{snap['peak'] / snap['numel']:.2f}"])
+    return text_table(["moment", "allocated MiB", "bytes per parameter"], rows, right=(1, 2))
+
+
+def snapshot_claims(run, *, tolerance: float = 0.02) -> str:
+    """The allocator's readings against the formulas, each line True."""
+    snap = _part(run.records, "snapshot")[0]
+    r, n = snap["readings"], snap["numel"]
+    step_added = r["after step"] - r["after backward"]
+    state = r["after step"] - (r["inputs"] - r["model"])
+    return "\n".join([
+        f"the model alone: 4 bytes per parameter (within {tolerance:.0%}): "
+        f"{abs(r['model'] - 4 * n) <= tolerance * 4 * n}",
+        f"the optimizer step added Adam's 8 bytes per parameter (within {tolerance:.0%}): "
+        f"{abs(step_added - 8 * n) <= tolerance * 8 * n}",
+        f"after the step, parameters, gradients and Adam's state: 16 bytes per parameter "
+        f"(within {tolerance:.0%}): {abs(state - 16 * n) <= tolerance * 16 * n}",
+        f"the peak is above every reading: {snap['peak'] >= max(r.values())}",
+        f"the snapshot recorded the step's allocations: {snap['events'] > 0}",
+    ])
+
+
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (answers left as None are skipped)."""
     expected = {
@@ -159,4 +186,5 @@ def check_answers(answers: dict) -> None:
 
 
 __all__ = ["predicted", "model_facts", "anatomy_table", "anatomy_claims", "checkpoint_table",
-           "checkpoint_claims", "accumulation_table", "accumulation_claims", "check_answers"]
+           "checkpoint_claims", "accumulation_table", "accumulation_claims", "snapshot_table",
+           "snapshot_claims", "check_answers"]

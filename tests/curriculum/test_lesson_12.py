@@ -93,3 +93,22 @@ def test_accumulation_claims_turn_false_with_the_facts():
     assert "last micro-step only gives the global batch's gradient: False" in \
         L.accumulation_claims(accum_run(fsdp_equal=False))
     assert "0, 0, 0, 4" in L.accumulation_table(accum_run())
+
+
+def snapshot_run(*, step_added: int = 8 * NUMEL, peak: int = 40 * 2**20):
+    model = 4 * NUMEL
+    inputs = model + 2 * 4 * ROWS * DIM
+    forward = inputs + 2_400_000
+    backward = inputs + 4 * NUMEL
+    readings = {"model": model, "inputs": inputs, "after forward": forward, "after backward": backward,
+                "after step": backward + step_added}
+    return SimpleNamespace(records=[{"rank": 0, "part": "snapshot", "readings": readings, "peak": peak,
+                                     "numel": NUMEL, "rows": ROWS, "path": "x", "events": 120}],
+                           world_size=1)
+
+
+def test_snapshot_claims_on_the_gpu_readings_turn_false_with_the_facts():
+    assert "False" not in L.snapshot_claims(snapshot_run())
+    assert "Adam's 8 bytes per parameter (within 2%): False" in L.snapshot_claims(snapshot_run(step_added=4 * NUMEL))
+    assert "above every reading: False" in L.snapshot_claims(snapshot_run(peak=1))
+    assert "bytes per parameter" in L.snapshot_table(snapshot_run())
