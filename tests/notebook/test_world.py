@@ -250,3 +250,27 @@ def test_a_breakpoint_in_a_cell_is_debugged_while_the_hang_watch_waits(tmp_path,
     finally:
         world.stop()
     _all_gone(pids)
+
+
+def test_a_world_and_the_callers_runs_share_one_warm_server(tmp_path, monkeypatch, write_script):
+    """The world sets no PYTHONPATH of its own (its ranks put the caller's folder first on
+    sys.path themselves), so the caller's warm server serves it and its runs alike; a
+    module of the caller's folder imports in a cell."""
+    from labutils import launch
+    from labutils.run import warm
+    from labutils.run.world import World
+
+    monkeypatch.setenv("LABUTILS_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
+    hello = write_script("hello.py", "print('hi')\n")
+    assert launch(hello, 2, display="none").ok
+    before = warm.servers()
+    world = World(2, display="none").start()
+    try:
+        cell = world.run_cell("import helper_mod\nhelper_mod.VALUE + rank")
+        assert cell.ok and cell.values == {0: 41, 1: 42}
+        assert world.run.state.backend.startup.kind == "warm"
+    finally:
+        world.stop()
+    assert warm.servers() == before, "the world asked for a warm server of its own"

@@ -198,11 +198,11 @@ class World:
         self._listener.bind(path)
         self._listener.listen(self.nproc)
         self._listener.setblocking(False)
-        cwd = os.getcwd()
-        pythonpath = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+        # No PYTHONPATH of its own: the ranks' loop puts the caller's folder first on
+        # sys.path itself (cells.py), and a PYTHONPATH other than the caller's would key
+        # a warm server of its own (run/warm.py): the kernel's would not serve the world.
         run = prepare(_cells_script(), self.nproc, backend=self.backend, hang_timeout=None,
-                      env={"PYTHONPATH": pythonpath, **self.env,
-                           runfiles.ENV_WORLD_SOCKET: path},
+                      env={**self.env, runfiles.ENV_WORLD_SOCKET: path},
                       log_dir=self.log_dir, display=self._router, warm=self.warm)
         self._logs = contextlib.ExitStack()
         self.run = run
