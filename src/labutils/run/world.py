@@ -158,7 +158,6 @@ class World:
         self.run: Run | None = None
         self.last_result: RunResult | None = None  # the last run of this world that ended
         self.seq = 0
-        self.starts = 0
         self._logs: contextlib.ExitStack | None = None
         self._router = _Router()
         self._conns: dict[int, socket.socket] = {}
@@ -206,7 +205,6 @@ class World:
                       log_dir=self.log_dir, display=self._router, warm=self.warm)
         self._logs = contextlib.ExitStack()
         self.run = run
-        self.starts += 1
         try:
             run.begin(self._logs)
             self._await_ranks()
@@ -389,7 +387,6 @@ class _Cell:
         self.world, self.ranks, self.path, self.display = world, ranks, path, display
         self.hang_timeout = hang_timeout
         self.replies: dict[int, dict] = {}
-        self.failed_at: float | None = None
         self.hang: Hang | None = None
         self.victims: list[int] = []
         self.read_for_victims = False
@@ -426,7 +423,7 @@ class _Cell:
         """Until every rank answered, the world's run ended, a hang, or victims found."""
         last_tick = 0.0
         while self._pending():
-            self.replies.update(self._answers(self.world._receive(POLL_S)))
+            self.replies.update(self.world._receive(POLL_S))
             ending = self.run.step()
             if ending is not None or any(r.get("gone") for r in self.replies.values()):
                 self._world_ended(ending)
@@ -444,7 +441,7 @@ class _Cell:
             if any(r.debugger for r in self.run.ranks):
                 continue  # a rank at a breakpoint: the others wait for it
             silent = now - self.run.last_activity
-            if self.failed_at is not None and not self.read_for_victims and \
+            if self._raised() and not self.read_for_victims and \
                     silent >= min(VICTIM_WAIT_S, self.hang_timeout):
                 self._find_victims(silent)
                 if self.victims:
@@ -460,11 +457,9 @@ class _Cell:
                 return
         self.run.read_new()  # the last lines the ranks flushed before answering
 
-    def _answers(self, replies: dict[int, dict]) -> dict[int, dict]:
-        for reply in replies.values():
-            if not reply.get("gone") and not reply.get("ok", True) and self.failed_at is None:
-                self.failed_at = time.monotonic()
-        return replies
+    def _raised(self) -> bool:
+        """A rank's cell raised (its rank answered, not ok)."""
+        return any(not r.get("gone") and not r.get("ok", True) for r in self.replies.values())
 
     def _find_victims(self, silent: float) -> None:
         """A rank's cell raised and the others have been silent: those waiting in a
