@@ -4,7 +4,8 @@
 # machine has 16 cores). Each notebook has its own time limit, so one that hangs does not cost
 # the others; executed notebooks and logs go to $OUT.
 # Usage there: bash scripts/device_check.sh [gpu-tests] NOTEBOOKS-A [-- NOTEBOOKS-B ...]
-#   (GPU_TESTS_ARGS: more pytest arguments for make test-gpu, e.g. -k 'not lesson00')
+#   (GPU_TESTS_ARGS: more pytest arguments for make test-gpu, e.g. -k 'not lesson00';
+#    KEEP_GOING=1: run every cell of a notebook even after one raised)
 #   (wheels in .whl/; Debian's ip and tc in .whl/iproute2, made by scripts/iproute2_bundle.sh)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +19,7 @@ ip -V; ip netns add luprobe && ip -n luprobe link set lo up && echo "netns: ok";
 notebooks() {  # group name, then notebooks, each under its own limit
   local group=$1; shift
   for nb in "$@"; do
-    timeout "${NB_LIMIT:-300}" python3 scripts/run_notebooks.py "lessons/$nb" --out "$OUT/nb-$group" --timeout 240 \
+    timeout "${NB_LIMIT:-300}" python3 scripts/run_notebooks.py "lessons/$nb" --out "$OUT/nb-$group" --timeout 240 ${KEEP_GOING:+--keep-going} \
       >> "$OUT/$group.txt" 2>&1 || echo "$nb: exit $?" >> "$OUT/$group.txt"
   done
   rm -f "$OUT/nb-$group/summary.json"
@@ -38,6 +39,13 @@ for i in "${!groups[@]}"; do
     notebooks "$name" ${groups[$i]} ) &
 done
 wait
-# the device tool brings back at most 8 files: the executed notebooks travel as one archive
+# the device tool brings back at most 8 files: the executed notebooks travel as one archive,
+# with the logs of every rank that wrote to stderr in a run that failed
+mkdir -p "$OUT/nb-logs"
+for summary in lessons/runs/*/summary.json; do
+  grep -q '"ok": false' "$summary" 2>/dev/null || continue
+  run=$(dirname "$summary"); mkdir -p "$OUT/nb-logs/${run##*/}"
+  find "$run" -name stderr.log -size +0 | while read -r f; do cp "$f" "$OUT/nb-logs/${run##*/}/$(basename "$(dirname "$f")").log"; done
+done
 (cd "$OUT" && tar czf notebooks.tgz nb-* 2>/dev/null && rm -rf nb-*)
 cat "$OUT"/machine.txt "$OUT"/test-gpu.txt "$OUT"/[a-h].txt 2>/dev/null | grep -v IPKernelApp | tail -100

@@ -3,7 +3,8 @@
     python scripts/run_notebooks.py lessons/00_first_distributed_run.ipynb ... [--out DIR]
 
 For a machine without the project's venv (a GPU machine with its own torch): put src/ on
-PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell),
+PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell; with
+--keep-going every cell runs and each that raised is listed),
 then each `# NBVAL_CHECK_OUTPUT` cell whose output differs from the stored one after
 lessons/sanitize.cfg's replacements (what nbval would fail: a claim that did not hold),
 and, with --out, writes each executed notebook and a JSON summary there.
@@ -15,8 +16,8 @@ import argparse
 import configparser
 import copy
 import json
-import re
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,10 +63,10 @@ def check_differences(stored, ran, rules) -> list[str]:
     return found
 
 
-def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
+def run(path: Path, timeout: int, keep_going: bool = False) -> tuple[dict, nbformat.NotebookNode]:
     nb = nbformat.read(path, as_version=4)
     stored = copy.deepcopy(nb)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=keep_going,
                             resources={"metadata": {"path": str(path.parent)}})
     t0 = time.monotonic()
     status, error, cell = "ok", "", None
@@ -79,10 +80,14 @@ def run(path: Path, timeout: int) -> tuple[dict, nbformat.NotebookNode]:
         status, error = "broke", f"{type(exc).__name__}: {exc}"
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = sum(1 for c in code if c.get("execution_count"))
-    for index, c in enumerate(nb.cells):
-        if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
-            cell = index
-            break
+    failed = [index for index, c in enumerate(nb.cells)
+              if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    cell = failed[0] if failed else None
+    if failed and status == "ok":  # --keep-going: every cell ran, some raised
+        status = "error"
+        error = f"cells {', '.join(map(str, failed))} raised: " + "; ".join(
+            next(f"{o['ename']}: {o['evalue'][:120]}" for o in nb.cells[i].outputs if o.output_type == "error")
+            for i in failed)
     note = ""
     if status == "broke" and cell is None and ran == len(code):
         # every cell ran without an error: what broke was shutting the kernel down
@@ -98,10 +103,12 @@ def main() -> int:
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run every cell even after one raises, and list every cell that did")
     ns = p.parse_args()
     results = []
     for path in ns.notebooks:
-        result, nb = run(path.resolve(), ns.timeout)
+        result, nb = run(path.resolve(), ns.timeout, ns.keep_going)
         results.append(result)
         print(f"{result['notebook']}: {result['status']} in {result['seconds']} s"
               + (f" (cell {result['cell']}: {result['error']})" if result["status"] != "ok" else ""),

@@ -97,7 +97,10 @@ def run_step(schedule, stages, x, y) -> list[torch.Tensor]:
     losses: list[torch.Tensor] = []
     first = any(s.is_first for s in stages)
     last = any(s.is_last for s in stages)
-    schedule.step(x if first else None, target=y if last else None, losses=losses if last else None)
+    # only the first stage is given the input and only the last the target: torch 2.11
+    # refuses any positional argument on another stage, even None
+    inputs = (x,) if first else ()
+    schedule.step(*inputs, **({"target": y, "losses": losses} if last else {}))
     return losses
 
 

@@ -92,10 +92,10 @@ def ddp_way(*, sync_every_step: bool, divide: bool) -> dict:
 
 def fsdp2_way() -> dict:
     model = copy.deepcopy(initial)
+    mesh = init_device_mesh(device.type, (world_size,))  # init()'s device, not the machine's GPU
     for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    mesh = init_device_mesh(device.type, (world_size,))
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     calls = []
     for m in range(ACCUM):
         model.set_requires_gradient_sync(m == ACCUM - 1)

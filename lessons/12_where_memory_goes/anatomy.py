@@ -106,12 +106,14 @@ def build(way: str):
         wrapped = DDP(model, gradient_as_bucket_view=True)
         return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.Adam,
                                                 lr=1e-3)
+    # the mesh names the device init() chose: without one, fully_shard would build its own
+    # on the machine's accelerator, a GPU that gloo's ranks on the CPU do not use
+    mesh = init_device_mesh(device.type, (world_size,))
     if way == "fsdp2":
         for block in model:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model, torch.optim.Adam(model.parameters(), lr=1e-3)
-    mesh = init_device_mesh(device.type, (world_size,))
     for block in model:
         parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -4,11 +4,13 @@
 
 The model of model.py takes one Adam step on the GPU while the allocator records its
 history (torch.cuda.memory._record_memory_history). torch.cuda.memory_allocated() is
-read at four moments: the model on the GPU, after the forward pass, after backward,
-after the optimizer step; and the peak (max_memory_allocated). The snapshot
+read at the moments of the step: the model on the GPU, with the batch, after the forward
+pass, after backward, after the optimizer step; and the peak (max_memory_allocated).
+Then the batch, the loss and cuBLAS's workspaces (the allocator counts them too) are
+freed, and a last reading is the training state alone, with the sizes of its blocks. The snapshot
 (torch.cuda.memory._snapshot()) is written as a pickle next to the rank's logs: drag
 it into https://pytorch.org/memory_viz to see every allocation on a timeline, with the
-stack that made it. Reported: the four readings, the peak, the parameter count, and the
+stack that made it. Reported: the readings, the peak, the live blocks at the end, the parameter count, and the
 snapshot's path and number of recorded events.
 """
 
@@ -47,8 +49,28 @@ torch.cuda.synchronize()
 readings["after step"] = torch.cuda.memory_allocated(device)
 snapshot = torch.cuda.memory._snapshot()
 torch.cuda.memory._record_memory_history(enabled=None)
+# What else the allocator counts: cuBLAS takes a workspace for each thread that runs a
+# matrix multiplication (the forward's, and autograd's own thread for the backward), and
+# torch allocates it through the caching allocator, so memory_allocated counts it.
+# Freed here, with the batch and the loss, what is left is the training state alone.
+peak = torch.cuda.max_memory_allocated(device)
+# the blocks live after the step that cuBLAS asked for, found by the C++ frames recorded
+workspaces = [block["size"] for segment in snapshot["segments"] for block in segment["blocks"]
+              if block["state"] == "active_allocated"
+              and any("workspace" in frame.get("name", "").lower() for frame in block.get("frames", []))]
+del loss, x, y
+torch._C._cuda_clearCublasWorkspaces()
+torch.cuda.synchronize()
+readings["state alone"] = torch.cuda.memory_allocated(device)
+live = torch.cuda.memory._snapshot()  # the blocks still allocated, by size: what the state is
+sizes: dict[int, int] = {}
+for segment in live["segments"]:
+    for block in segment["blocks"]:
+        if block["state"] == "active_allocated":
+            sizes[block["size"]] = sizes.get(block["size"], 0) + 1
 path = rank_output_dir() / "memory_snapshot.pickle"
 path.write_bytes(pickle.dumps(snapshot))
 events = sum(len(trace) for trace in snapshot.get("device_traces", []))
-report(part="snapshot", readings=readings, peak=torch.cuda.max_memory_allocated(device),
-       numel=sum(p.numel() for p in model.parameters()), rows=ROWS, path=str(path), events=events)
+report(part="snapshot", readings=readings, peak=peak,
+       numel=sum(p.numel() for p in model.parameters()), rows=ROWS, path=str(path), events=events,
+       live_blocks=sorted(sizes.items(), reverse=True), workspaces=workspaces)

@@ -95,15 +95,19 @@ def test_accumulation_claims_turn_false_with_the_facts():
     assert "0, 0, 0, 4" in L.accumulation_table(accum_run())
 
 
-def snapshot_run(*, step_added: int = 8 * NUMEL, peak: int = 40 * 2**20):
+def snapshot_run(*, step_added: int = 8 * NUMEL, state: int = 16 * NUMEL, peak: int = 120 * 2**20):
+    """Readings shaped like an H200's (torch 2.11): cuBLAS's 32 MiB workspace counted from the
+    forward's first matrix multiplication on, a second one for autograd's thread."""
+    workspace = 32 * 2**20
     model = 4 * NUMEL
     inputs = model + 2 * 4 * ROWS * DIM
-    forward = inputs + 2_400_000
-    backward = inputs + 4 * NUMEL
+    forward = inputs + 2_400_000 + workspace
+    backward = inputs + 4 * NUMEL + 2 * workspace
     readings = {"model": model, "inputs": inputs, "after forward": forward, "after backward": backward,
-                "after step": backward + step_added}
+                "after step": backward + step_added, "state alone": state}
     return SimpleNamespace(records=[{"rank": 0, "part": "snapshot", "readings": readings, "peak": peak,
-                                     "numel": NUMEL, "rows": ROWS, "path": "x", "events": 120}],
+                                     "numel": NUMEL, "rows": ROWS, "path": "x", "events": 120,
+                                     "live_blocks": [[2**20, 8]]}],
                            world_size=1)
 
 
@@ -111,4 +115,7 @@ def test_snapshot_claims_on_the_gpu_readings_turn_false_with_the_facts():
     assert "False" not in L.snapshot_claims(snapshot_run())
     assert "Adam's 8 bytes per parameter (within 2%): False" in L.snapshot_claims(snapshot_run(step_added=4 * NUMEL))
     assert "above every reading: False" in L.snapshot_claims(snapshot_run(peak=1))
+    # the step's reading with the workspaces still in it is not the state
+    after_step = snapshot_run().records[0]["readings"]["after step"]
+    assert "16 bytes per parameter (within 2%): False" in L.snapshot_claims(snapshot_run(state=after_step))
     assert "bytes per parameter" in L.snapshot_table(snapshot_run())
