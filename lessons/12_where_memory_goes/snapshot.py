@@ -49,9 +49,9 @@ torch.cuda.synchronize()
 readings["after step"] = torch.cuda.memory_allocated(device)
 snapshot = torch.cuda.memory._snapshot()
 torch.cuda.memory._record_memory_history(enabled=None)
-# What else the allocator counts: cuBLAS takes a workspace for each thread that runs a
-# matrix multiplication (the forward's, and autograd's own thread for the backward), and
-# torch allocates it through the caching allocator, so memory_allocated counts it.
+# What else the allocator counts: cuBLAS keeps workspaces for the threads that run matrix
+# multiplications (the forward's, and autograd's own thread for the backward), and torch
+# allocates them through the caching allocator, so memory_allocated counts them.
 # Freed here, with the batch and the loss, what is left is the training state alone.
 peak = torch.cuda.max_memory_allocated(device)
 # the blocks live after the step that cuBLAS asked for, found by the C++ frames recorded
