@@ -6,7 +6,7 @@
 # Usage there: bash scripts/device_check.sh [gpu-tests] NOTEBOOKS-A [-- NOTEBOOKS-B ...]
 #   (GPU_TESTS_ARGS: more pytest arguments for make test-gpu, e.g. -k 'not lesson00';
 #    KEEP_GOING=1: run every cell of a notebook even after one raised)
-#   (wheels in .whl/; Debian's ip and tc in .whl/iproute2, made by scripts/iproute2_bundle.sh)
+#   (wheels in .whl/ and Debian's ip and tc in .whl/iproute2: bash scripts/device_wheels.sh, here)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
