@@ -12,20 +12,27 @@ The TinyTransformer of model.py is split by plans.py's "TP + SP" plan over "tp",
 sharded with FSDP2's fully_shard over "dp" (the block, then the whole model): each
 parameter is split by tensor parallelism first, and FSDP2 shards each rank's piece
 again between the two data-parallel ranks. Each member of a data-parallel pair trains
-on its own batch; the two ranks of a tensor-parallel pair share one.
+on its own batch; the two ranks of a tensor-parallel pair share one. --order tp,dp
+names the dimensions the other way round: then {0, 1} and {2, 3} are the data-parallel
+pairs. On a cluster of 2 hosts with 2 ranks each, the inner pairs share a host.
 
 Reported: one step's loss, and every gradient against the unsplit model on both
 batches together in one process (FSDP2 averages the gradients over "dp": the mean of
 the two batches' mean losses is the mean over all their rows); the collectives of the
 step with their mesh dimension and sizes (labutils.course.comm_count); the parameter
-bytes each rank holds.
+bytes each rank holds; each dimension's group; with --time-steps, the median of that many
+timed training steps (SGD) after one more.
 """
 
+import argparse
 import copy
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -41,10 +48,18 @@ from labutils.dist import init, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--order", choices=("dp,tp", "tp,dp"), default="dp,tp",
+                    help="the mesh's dimension names, outer first: the inner dimension's pairs are "
+                         "neighbouring ranks, {0, 1} and {2, 3}")
+parser.add_argument("--time-steps", type=int, default=0, help="then time this many training steps")
+parser.add_argument("--batch", type=int, default=BATCH, help="sequences per data-parallel rank")
+args = parser.parse_args()
+
 rank, world_size, device = init()
 if world_size != 4:
     raise SystemExit(f"fsdp_tp.py needs 4 ranks for its 2 x 2 mesh, not {world_size}")
-mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=tuple(args.order.split(",")))
 dp_index = mesh.get_local_rank("dp")
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -53,7 +68,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 torch.manual_seed(0)
 initial = TinyTransformer(VOCAB, DIM, HEADS).to(device)
-batches = [tuple(t.to(device) for t in token_batch(BATCH, SEQ, VOCAB, seed=1 + d)) for d in range(2)]
+batches = [tuple(t.to(device) for t in token_batch(args.batch, SEQ, VOCAB, seed=1 + d)) for d in range(2)]
 
 reference = copy.deepcopy(initial)
 ref_losses = [F.cross_entropy(reference(ids).flatten(0, 1), targets.flatten()) for ids, targets in batches]
@@ -87,4 +102,18 @@ report(part="2d", equal=equal, dp=dp_index, tp=mesh.get_local_rank("tp"),
        forward=forward.calls, backward=backward.calls,
        param_bytes=sum(t.numel() * t.element_size() for t in local),
        unsplit_param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
-       activation_bytes=BATCH * SEQ * DIM * 4)
+       activation_bytes=args.batch * SEQ * DIM * 4, order=args.order,
+       tp_group=dist.get_process_group_ranks(mesh["tp"].get_group()),
+       dp_group=dist.get_process_group_ranks(mesh["dp"].get_group()))
+
+if args.time_steps:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    seconds = []
+    for _ in range(args.time_steps + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - start)
+    report(part="timing", order=args.order, step_s=statistics.median(seconds[1:]))

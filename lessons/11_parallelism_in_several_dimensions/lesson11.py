@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 
@@ -251,6 +252,62 @@ def pipeline_claims(run, *, micro_batches: int = 4) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
+def bubble_predicted(stages: int, micro_batches: int) -> float:
+    """The idle share of a GPipe or 1F1B step on p stages with m micro-batches, when every
+    stage's forward and backward take the same time and sending costs nothing: (p-1)/(m+p-1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def _bubbles(run) -> dict:
+    """{(schedule, m): {rank: record}} from bubble.py."""
+    out: dict = {}
+    for r in (r for r in run.records if r.get("part") == "bubble"):
+        out.setdefault((r["schedule"], r["micro_batches"]), {})[r["rank"]] = r
+    return out
+
+
+def bubble_table(run) -> str:
+    """Per schedule and number of micro-batches: the step, each rank's measured bubble and
+    the formula's."""
+    rows = []
+    for (schedule, m), ranks in sorted(_bubbles(run).items(), key=lambda kv: (SCHEDULE_ORDER.index(kv[0][0]),
+                                                                               kv[0][1])):
+        p = next(iter(ranks.values()))["stages"]
+        rows.append([schedule, m, f"{ranks[0]['step_s'] * 1e3:.0f}",
+                     *(f"{ranks[r]['bubble']:.0%}" for r in sorted(ranks)), f"{bubble_predicted(p, m):.0%}"])
+    ranks = sorted(next(iter(_bubbles(run).values())))
+    return text_table(["schedule", "micro-batches", "step ms", *(f"bubble rank {r}" for r in ranks),
+                       "(p-1)/(m+p-1)"], rows, right=range(1, 4 + len(ranks)))
+
+
+def bubble_claims(run, *, tolerance: float = 0.15) -> str:
+    """The measured bubbles: smaller with more micro-batches, the same for GPipe and 1F1B.
+    (Not equal to the formula: it counts no time for sending and scheduling each micro-batch.)"""
+    found = _bubbles(run)
+    mean = {key: statistics.mean(r["bubble"] for r in ranks.values()) for key, ranks in found.items()}
+    schedules = sorted({s for s, _ in found}, key=SCHEDULE_ORDER.index)
+    fewest, most = min(m for _, m in found), max(m for _, m in found)
+    same = all(abs(mean["GPipe", m] - mean["1F1B", m]) <= tolerance for _, m in found)
+    return "\n".join([
+        f"under each schedule, the bubble is smaller with {most} micro-batches than with {fewest}: "
+        f"{all(mean[s, most] < mean[s, fewest] for s in schedules)}",
+        f"1F1B's bubble is about GPipe's (the formula gives both the same), within {tolerance * 100:.0f} "
+        f"points: {same}",
+    ])
+
+
+def bubble_gap(run) -> str:
+    """How far above (p-1)/(m+p-1) the measured bubble is, per number of micro-batches (GPipe)."""
+    found = _bubbles(run)
+    parts = []
+    for (schedule, m), ranks in sorted(found.items(), key=lambda kv: kv[0][1]):
+        if schedule == "GPipe":
+            p = next(iter(ranks.values()))["stages"]
+            measured = statistics.mean(r["bubble"] for r in ranks.values())
+            parts.append(f"m={m}: {measured:.0%} against {bubble_predicted(p, m):.0%}")
+    return "GPipe's bubble, measured against (p-1)/(m+p-1): " + ", ".join(parts)
+
+
 # ------------------------------------------------------------------ two dimensions
 
 def mesh_table(run) -> str:
@@ -288,6 +345,44 @@ def mesh_claims(run) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
+def _crossing(run, per_host: int) -> tuple[str, float]:
+    """(the mesh dimension whose pairs are on two hosts, the bytes rank 0 sends for it in a step)."""
+    rec = _part(run.records, "2d")[0]
+    across = "tp" if len({r // per_host for r in rec["tp_group"]}) > 1 else "dp"
+    calls = [c for c in rec["forward"] + rec["backward"] if c["mesh_dim"] == across]
+    return across, sent(calls)
+
+
+def _step(run) -> float:
+    return statistics.median(r["step_s"] for r in run.records if r.get("part") == "timing")
+
+
+def placement_table(runs: dict, *, per_host: int = 2) -> str:
+    """Per mesh order: which dimension's pairs share a host, the bytes a rank sends over the
+    slow link per step for the other, and the measured step."""
+    rows = []
+    for order, run in runs.items():
+        across, nbytes = _crossing(run, per_host)
+        inside = "dp" if across == "tp" else "tp"
+        rows.append([order, inside, across, f"{nbytes / KiB:.0f}", f"{_step(run) * 1e3:.0f}"])
+    return text_table(["mesh order", "pairs on one host", "pairs across hosts", "sent across per rank (KiB)",
+                       "step ms"], rows, right=(3, 4))
+
+
+def placement_claims(tp_inside, tp_across, *, per_host: int = 2) -> str:
+    """Tensor parallelism on the fast link against on the slow one."""
+    inside, across = _crossing(tp_inside, per_host), _crossing(tp_across, per_host)
+    ratio = _step(tp_across) / _step(tp_inside)
+    return "\n".join([
+        f"the two orders put tp inside the hosts and across them: {inside[0] == 'dp' and across[0] == 'tp'}",
+        f"with tp across the hosts, a rank sends more than twice the bytes over the slow link: "
+        f"{across[1] > 2 * inside[1]}",
+        f"and its step takes at least 1.3 times as long: {ratio >= 1.3}",
+        f"every gradient equal to one process's in both orders: "
+        f"{all(r['equal'] for run in (tp_inside, tp_across) for r in run.records if r.get('part') == '2d')}",
+    ])
+
+
 # ------------------------------------------------------------------ self-check
 
 def check_answers(answers: dict) -> None:
@@ -307,6 +402,7 @@ def check_answers(answers: dict) -> None:
 __all__ = [
     "calls_text", "sent", "tp_equality_table", "tp_differences", "tp_collectives_table", "tp_memory_table",
     "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table", "moe_claims",
-    "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "mesh_table",
+    "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "bubble_predicted",
+    "bubble_table", "bubble_claims", "bubble_gap", "mesh_table", "placement_table", "placement_claims",
     "mesh_claims", "check_answers",
 ]

@@ -175,3 +175,46 @@ def test_the_mesh_claims_say_which_traffic_each_dimension_carries():
     assert L.mesh_claims(mesh_run(dp_activation=True)).splitlines()[1].endswith(": False")
     table = L.mesh_table(mesh_run()).splitlines()
     assert table[2].split()[:2] == ["dp", "forward"] and table[2].split()[-1] == "322"
+
+
+def placed_run(order: str, step_s: float, *, equal: bool = True) -> SimpleNamespace:
+    """fsdp_tp.py --order ORDER --time-steps on 2 hosts of 2 ranks: the groups follow the order."""
+    run = mesh_run()
+    inner = [[0, 1], [2, 3]]
+    outer = [[0, 2], [1, 3]]
+    for r in run.records:
+        r["order"], r["equal"] = order, equal
+        r["tp_group"] = next(g for g in (inner if order == "dp,tp" else outer) if r["rank"] in g)
+        r["dp_group"] = next(g for g in (outer if order == "dp,tp" else inner) if r["rank"] in g)
+    run.records += [{"part": "timing", "rank": r, "order": order, "step_s": step_s} for r in range(4)]
+    return run
+
+
+def test_tensor_parallelism_across_the_hosts_is_named_and_must_be_slower():
+    inside, across = placed_run("dp,tp", 0.22), placed_run("tp,dp", 0.61)
+    assert "False" not in L.placement_claims(inside, across)
+    table = L.placement_table({"dp,tp": inside, "tp,dp": across}).splitlines()
+    assert table[2].split()[:3] == ["dp,tp", "tp", "dp"] and table[3].split()[:3] == ["tp,dp", "dp", "tp"]
+    assert "1.3 times as long: False" in L.placement_claims(inside, placed_run("tp,dp", 0.25))
+    assert "inside the hosts and across them: False" in L.placement_claims(across, inside)
+    assert "both orders: False" in L.placement_claims(inside, placed_run("tp,dp", 0.61, equal=False))
+
+
+def bubble_run(gpipe=((2, 0.38, 0.34), (8, 0.25, 0.16)), one_f_one_b=((2, 0.40, 0.35), (8, 0.21, 0.14))):
+    """bubble.py's records: (micro-batches, rank 0's bubble, rank 1's) per schedule."""
+    records = [{"part": "bubble", "rank": rank, "schedule": schedule, "micro_batches": m, "bubble": b,
+                "step_s": 0.08 * m, "stages": 2}
+               for schedule, rows in (("GPipe", gpipe), ("1F1B", one_f_one_b))
+               for m, *bubbles in rows for rank, b in enumerate(bubbles)]
+    return SimpleNamespace(records=records, world_size=2)
+
+
+def test_the_bubble_claims_hold_for_a_shrinking_bubble_and_fail_otherwise():
+    assert L.bubble_predicted(2, 8) == pytest.approx(1 / 9)
+    assert "False" not in L.bubble_claims(bubble_run())
+    flat = bubble_run(gpipe=((2, 0.3, 0.3), (8, 0.31, 0.3)))
+    assert "smaller with 8 micro-batches than with 2: False" in L.bubble_claims(flat)
+    apart = bubble_run(one_f_one_b=((2, 0.40, 0.35), (8, 0.02, 0.01)))
+    assert "within 15 points: False" in L.bubble_claims(apart)
+    assert "m=8: 20% against 11%" in L.bubble_gap(bubble_run())
+    assert "bubble rank 1" in L.bubble_table(bubble_run())
