@@ -14,7 +14,8 @@ parameter is split by tensor parallelism first, and FSDP2 shards each rank's pie
 again between the two data-parallel ranks. Each member of a data-parallel pair trains
 on its own batch; the two ranks of a tensor-parallel pair share one. --order tp,dp
 names the dimensions the other way round: then {0, 1} and {2, 3} are the data-parallel
-pairs. On a cluster of 2 hosts with 2 ranks each, the inner pairs share a host.
+pairs; --order both runs one order, then the other. On a cluster of 2 hosts with 2 ranks
+each, the inner pairs share a host.
 
 Reported: one step's loss, and every gradient against the unsplit model on both
 batches together in one process (FSDP2 averages the gradients over "dp": the mean of
@@ -49,9 +50,9 @@ from labutils.dist import init, report
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--order", choices=("dp,tp", "tp,dp"), default="dp,tp",
+parser.add_argument("--order", choices=("dp,tp", "tp,dp", "both"), default="dp,tp",
                     help="the mesh's dimension names, outer first: the inner dimension's pairs are "
-                         "neighbouring ranks, {0, 1} and {2, 3}")
+                         "neighbouring ranks, {0, 1} and {2, 3}; both: one order, then the other")
 parser.add_argument("--time-steps", type=int, default=0, help="then time this many training steps")
 parser.add_argument("--batch", type=int, default=BATCH, help="sequences per data-parallel rank")
 args = parser.parse_args()
@@ -59,8 +60,7 @@ args = parser.parse_args()
 rank, world_size, device = init()
 if world_size != 4:
     raise SystemExit(f"fsdp_tp.py needs 4 ranks for its 2 x 2 mesh, not {world_size}")
-mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=tuple(args.order.split(",")))
-dp_index = mesh.get_local_rank("dp")
+
 
 def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -73,47 +73,55 @@ batches = [tuple(t.to(device) for t in token_batch(args.batch, SEQ, VOCAB, seed=
 reference = copy.deepcopy(initial)
 ref_losses = [F.cross_entropy(reference(ids).flatten(0, 1), targets.flatten()) for ids, targets in batches]
 torch.stack(ref_losses).mean().backward()
-
-model = copy.deepcopy(initial)
-block_plan, top_plan = plans("TP + SP")  # tp_block.py's plan with sequence parallelism
-parallelize_module(model.block, mesh["tp"], block_plan)
-parallelize_module(model, mesh["tp"], top_plan)
-fully_shard(model.block, mesh=mesh["dp"])
-fully_shard(model, mesh=mesh["dp"])
-ids, targets = batches[dp_index]
-with CollectiveCounter(mesh) as forward:
-    loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
-with CollectiveCounter(mesh) as backward:
-    loss.backward()
-
-equal = True
-try:
-    torch.testing.assert_close(full(loss).detach(), ref_losses[dp_index].detach())
-except AssertionError:
-    equal = False
 ref_grads = dict(reference.named_parameters())
-for name, p in model.named_parameters():
+
+
+def one_order(order: str) -> None:
+    """Split, check and (with --time-steps) time the model on the mesh named in this order."""
+    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=tuple(order.split(",")))
+    dp_index = mesh.get_local_rank("dp")
+    model = copy.deepcopy(initial)
+    block_plan, top_plan = plans("TP + SP")  # tp_block.py's plan with sequence parallelism
+    parallelize_module(model.block, mesh["tp"], block_plan)
+    parallelize_module(model, mesh["tp"], top_plan)
+    fully_shard(model.block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    ids, targets = batches[dp_index]
+    with CollectiveCounter(mesh) as forward:
+        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+    with CollectiveCounter(mesh) as backward:
+        loss.backward()
+
+    equal = True
     try:
-        torch.testing.assert_close(full(p.grad), ref_grads[name].grad)
+        torch.testing.assert_close(full(loss).detach(), ref_losses[dp_index].detach())
     except AssertionError:
         equal = False
-local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
-report(part="2d", equal=equal, dp=dp_index, tp=mesh.get_local_rank("tp"),
-       forward=forward.calls, backward=backward.calls,
-       param_bytes=sum(t.numel() * t.element_size() for t in local),
-       unsplit_param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
-       activation_bytes=args.batch * SEQ * DIM * 4, order=args.order,
-       tp_group=dist.get_process_group_ranks(mesh["tp"].get_group()),
-       dp_group=dist.get_process_group_ranks(mesh["dp"].get_group()))
+    for name, p in model.named_parameters():
+        try:
+            torch.testing.assert_close(full(p.grad), ref_grads[name].grad)
+        except AssertionError:
+            equal = False
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    report(part="2d", equal=equal, dp=dp_index, tp=mesh.get_local_rank("tp"),
+           forward=forward.calls, backward=backward.calls,
+           param_bytes=sum(t.numel() * t.element_size() for t in local),
+           unsplit_param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
+           activation_bytes=args.batch * SEQ * DIM * 4, order=order,
+           tp_group=dist.get_process_group_ranks(mesh["tp"].get_group()),
+           dp_group=dist.get_process_group_ranks(mesh["dp"].get_group()))
+    if args.time_steps:
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        seconds = []
+        for _ in range(args.time_steps + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            seconds.append(time.perf_counter() - start)
+        report(part="timing", order=order, step_s=statistics.median(seconds[1:]))
 
-if args.time_steps:
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    seconds = []
-    for _ in range(args.time_steps + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        seconds.append(time.perf_counter() - start)
-    report(part="timing", order=args.order, step_s=statistics.median(seconds[1:]))
+
+for order in (("dp,tp", "tp,dp") if args.order == "both" else (args.order,)):
+    one_order(order)

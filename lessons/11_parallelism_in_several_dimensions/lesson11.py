@@ -345,41 +345,49 @@ def mesh_claims(run) -> str:
     return "\n".join(f"{text}: {ok}" for text, ok in lines)
 
 
-def _crossing(run, per_host: int) -> tuple[str, float]:
+ORDERS = ("dp,tp", "tp,dp")
+
+
+def _order_record(run, order: str) -> dict:
+    return next(r for r in _part(run.records, "2d") if r.get("order") == order)
+
+
+def _crossing(run, order: str, per_host: int) -> tuple[str, float]:
     """(the mesh dimension whose pairs are on two hosts, the bytes rank 0 sends for it in a step)."""
-    rec = _part(run.records, "2d")[0]
+    rec = _order_record(run, order)
     across = "tp" if len({r // per_host for r in rec["tp_group"]}) > 1 else "dp"
     calls = [c for c in rec["forward"] + rec["backward"] if c["mesh_dim"] == across]
     return across, sent(calls)
 
 
-def _step(run) -> float:
-    return statistics.median(r["step_s"] for r in run.records if r.get("part") == "timing")
+def _step(run, order: str) -> float:
+    return statistics.median(r["step_s"] for r in run.records
+                             if r.get("part") == "timing" and r["order"] == order)
 
 
-def placement_table(runs: dict, *, per_host: int = 2) -> str:
-    """Per mesh order: which dimension's pairs share a host, the bytes a rank sends over the
-    slow link per step for the other, and the measured step."""
+def placement_table(run, *, per_host: int = 2) -> str:
+    """Per mesh order (fsdp_tp.py --order both): which dimension's pairs share a host, the
+    bytes a rank sends over the slow link per step for the other, and the measured step."""
     rows = []
-    for order, run in runs.items():
-        across, nbytes = _crossing(run, per_host)
+    for order in ORDERS:
+        across, nbytes = _crossing(run, order, per_host)
         inside = "dp" if across == "tp" else "tp"
-        rows.append([order, inside, across, f"{nbytes / KiB:.0f}", f"{_step(run) * 1e3:.0f}"])
+        rows.append([order, inside, across, f"{nbytes / KiB:.0f}", f"{_step(run, order) * 1e3:.0f}"])
     return text_table(["mesh order", "pairs on one host", "pairs across hosts", "sent across per rank (KiB)",
                        "step ms"], rows, right=(3, 4))
 
 
-def placement_claims(tp_inside, tp_across, *, per_host: int = 2) -> str:
-    """Tensor parallelism on the fast link against on the slow one."""
-    inside, across = _crossing(tp_inside, per_host), _crossing(tp_across, per_host)
-    ratio = _step(tp_across) / _step(tp_inside)
+def placement_claims(run, *, per_host: int = 2) -> str:
+    """Tensor parallelism on the fast link ("dp,tp") against on the slow one ("tp,dp")."""
+    inside, across = _crossing(run, "dp,tp", per_host), _crossing(run, "tp,dp", per_host)
+    ratio = _step(run, "tp,dp") / _step(run, "dp,tp")
     return "\n".join([
         f"the two orders put tp inside the hosts and across them: {inside[0] == 'dp' and across[0] == 'tp'}",
         f"with tp across the hosts, a rank sends more than twice the bytes over the slow link: "
         f"{across[1] > 2 * inside[1]}",
         f"and its step takes at least 1.3 times as long: {ratio >= 1.3}",
         f"every gradient equal to one process's in both orders: "
-        f"{all(r['equal'] for run in (tp_inside, tp_across) for r in run.records if r.get('part') == '2d')}",
+        f"{all(r['equal'] for r in run.records if r.get('part') == '2d')}",
     ])
 
 

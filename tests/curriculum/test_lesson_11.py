@@ -177,27 +177,29 @@ def test_the_mesh_claims_say_which_traffic_each_dimension_carries():
     assert table[2].split()[:2] == ["dp", "forward"] and table[2].split()[-1] == "322"
 
 
-def placed_run(order: str, step_s: float, *, equal: bool = True) -> SimpleNamespace:
-    """fsdp_tp.py --order ORDER --time-steps on 2 hosts of 2 ranks: the groups follow the order."""
-    run = mesh_run()
-    inner = [[0, 1], [2, 3]]
-    outer = [[0, 2], [1, 3]]
-    for r in run.records:
-        r["order"], r["equal"] = order, equal
-        r["tp_group"] = next(g for g in (inner if order == "dp,tp" else outer) if r["rank"] in g)
-        r["dp_group"] = next(g for g in (outer if order == "dp,tp" else inner) if r["rank"] in g)
-    run.records += [{"part": "timing", "rank": r, "order": order, "step_s": step_s} for r in range(4)]
-    return run
+def placed_run(step_inside: float = 0.22, step_across: float = 0.61, *, equal: bool = True,
+               swapped: bool = False) -> SimpleNamespace:
+    """fsdp_tp.py --order both --time-steps on 2 hosts of 2 ranks: the groups follow each order."""
+    inner, outer = [[0, 1], [2, 3]], [[0, 2], [1, 3]]
+    records = []
+    for order, step in (("dp,tp", step_inside), ("tp,dp", step_across)):
+        tp_inside = (order == "dp,tp") != swapped
+        for r in mesh_run().records:
+            r.update(order=order, equal=equal,
+                     tp_group=next(g for g in (inner if tp_inside else outer) if r["rank"] in g),
+                     dp_group=next(g for g in (outer if tp_inside else inner) if r["rank"] in g))
+            records.append(r)
+        records += [{"part": "timing", "rank": r, "order": order, "step_s": step} for r in range(4)]
+    return SimpleNamespace(records=records, world_size=4)
 
 
 def test_tensor_parallelism_across_the_hosts_is_named_and_must_be_slower():
-    inside, across = placed_run("dp,tp", 0.22), placed_run("tp,dp", 0.61)
-    assert "False" not in L.placement_claims(inside, across)
-    table = L.placement_table({"dp,tp": inside, "tp,dp": across}).splitlines()
+    assert "False" not in L.placement_claims(placed_run())
+    table = L.placement_table(placed_run()).splitlines()
     assert table[2].split()[:3] == ["dp,tp", "tp", "dp"] and table[3].split()[:3] == ["tp,dp", "dp", "tp"]
-    assert "1.3 times as long: False" in L.placement_claims(inside, placed_run("tp,dp", 0.25))
-    assert "inside the hosts and across them: False" in L.placement_claims(across, inside)
-    assert "both orders: False" in L.placement_claims(inside, placed_run("tp,dp", 0.61, equal=False))
+    assert "1.3 times as long: False" in L.placement_claims(placed_run(step_across=0.25))
+    assert "inside the hosts and across them: False" in L.placement_claims(placed_run(swapped=True))
+    assert "both orders: False" in L.placement_claims(placed_run(equal=False))
 
 
 def bubble_run(gpipe=((2, 0.38, 0.34), (8, 0.25, 0.16)), one_f_one_b=((2, 0.40, 0.35), (8, 0.21, 0.14))):
