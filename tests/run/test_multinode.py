@@ -10,6 +10,7 @@ loopback and say why.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import warnings
@@ -103,6 +104,10 @@ def test_two_nodes_one_display_global_ranks(hosts, job, tmp_path, capsys):
     assert node1["ok"] is True
     assert sorted(r["rank"] for r in node1["ranks"]) == [0, 1, 2, 3]
     assert {r["rank"]: r["exit_code"] for r in node1["ranks"]} == {0: 0, 1: 0, 2: 0, 3: 0}
+    if os.environ.get(runfiles.ENV_START) != "cold":
+        # Both nodes start warm: node 0 from this process's server, node 1 from a server its
+        # own launcher started on its host (its ranks' interface, below, says which host).
+        assert (result.start, node1["start"]) == ("warm", "warm"), (result.start_reason, node1["start_reason"])
     if hosts.mode == "namespaces":
         assert f"via {hosts.interfaces[0]}" in result.ranks[0].stdout
         assert f"via {hosts.interfaces[1]}" in result.ranks[2].stdout

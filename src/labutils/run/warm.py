@@ -122,8 +122,6 @@ def _cold_rule(spec: LaunchSpec) -> str | None:
         return "warm=False"
     if os.environ.get(runfiles.ENV_START) == "cold":
         return f"{runfiles.ENV_START}=cold"
-    if spec.multinode:
-        return "a node of a job across machines starts cold"
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return "warm start needs Linux (fork, /proc)"
     if spec.backend == "nccl" or (spec.backend == "auto" and _has_gpu()):
