@@ -254,10 +254,10 @@ def test_a_caller_killed_with_9_is_cleaned_by_the_next_cluster(namespaces_allowe
     proc, tag = _driver(job, tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    from labutils.cluster.netns import _pids_in
+    from labutils.cluster.netns import pids_in
 
     def inside() -> list[int]:  # node 1's launcher and its warm server included
-        return [pid for name in _ours(tag)["namespaces"] for pid in _pids_in(name)]
+        return [pid for name in _ours(tag)["namespaces"] for pid in pids_in(name)]
 
     deadline = time.monotonic() + 30  # its ranks and node launchers die with it
     while (_ranks_of(tmp_path / "runs") or inside()) and time.monotonic() < deadline:

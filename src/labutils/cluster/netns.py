@@ -69,7 +69,8 @@ def list_namespaces() -> list[str]:
     return [entry["name"] for entry in json.loads(out or "[]")]
 
 
-def _pids_in(namespace: str) -> list[int]:
+def pids_in(namespace: str) -> list[int]:
+    """The pids of the processes inside a network namespace (none if it is gone)."""
     try:
         return [int(p) for p in _run(["ip", "netns", "pids", namespace]).split()]
     except (OSError, subprocess.SubprocessError, ValueError):
@@ -97,7 +98,7 @@ def clean_stale() -> list[str]:
     for (pid, _tag), names in owners.items():
         if int(pid) == os.getpid() or pid_alive(int(pid)):
             continue
-        if any(_pids_in(n) for n in names):  # its ranks are still dying: next time
+        if any(pids_in(n) for n in names):  # its ranks are still dying: next time
             continue
         for name in sorted(names, key=lambda n: not n.endswith("-sw")):  # the switch first
             _delete_namespace(name)
