@@ -341,7 +341,6 @@ def test_lesson12_memory_snapshot_on_one_gpu_matches_the_formulas(runs_dir):
     snap = next(r for r in result.records if r.get("part") == "snapshot")
     print("live blocks at the end (bytes, count):", snap["live_blocks"][:8])
     assert "False" not in claims
-    snap = next(r for r in result.records if r.get("part") == "snapshot")
     with open(snap["path"], "rb") as f:
         data = pickle.load(f)
     assert data["segments"] and data["device_traces"]

@@ -7,11 +7,12 @@ history (torch.cuda.memory._record_memory_history). torch.cuda.memory_allocated(
 read at the moments of the step: the model on the GPU, with the batch, after the forward
 pass, after backward, after the optimizer step; and the peak (max_memory_allocated).
 Then the batch, the loss and cuBLAS's workspaces (the allocator counts them too) are
-freed, and a last reading is the training state alone, with the sizes of its blocks. The snapshot
+freed, and a last reading is the training state alone. The snapshot
 (torch.cuda.memory._snapshot()) is written as a pickle next to the rank's logs: drag
 it into https://pytorch.org/memory_viz to see every allocation on a timeline, with the
-stack that made it. Reported: the readings, the peak, the live blocks at the end, the parameter count, and the
-snapshot's path and number of recorded events.
+stack that made it. Reported: the readings, the peak, the parameter count, the
+workspaces' blocks, the sizes of the blocks left at the end, and the snapshot's path
+and number of recorded events.
 """
 
 import pickle
