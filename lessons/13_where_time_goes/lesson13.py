@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from labutils.course import selfcheck
-from labutils.course.spans import busy_seconds, merge_traces, overlap_seconds, trace_events
+from labutils.course.spans import busy_seconds, is_comm, merge_traces, overlap_seconds, trace_events
 from labutils.course.tables import text_table
 
 OWN_WORK = ("data", "forward", "optimizer")
@@ -44,10 +44,6 @@ def merged_trace(run, name: str = "all_ranks_trace.json") -> Path:
     return merge_traces(_traces(run), Path(run.log_dir) / name)
 
 
-def _is_comm(name: str) -> bool:
-    return "all_reduce" in name and not name.startswith("c10d::")
-
-
 def _clip(spans, lo: float, hi: float) -> list[tuple[float, float]]:
     return [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
 
@@ -66,7 +62,7 @@ def rank_steps(run) -> dict[int, list[dict]]:
                     for phase in OWN_WORK}
             work["backward ops"] = _clip([(e["start"], e["end"]) for e in events
                                           if e["name"].startswith(BACKWARD_OP)], lo, hi)
-            comm = _clip([(e["start"], e["end"]) for e in events if _is_comm(e["name"])], lo, hi)
+            comm = _clip([(e["start"], e["end"]) for e in events if is_comm(e["name"])], lo, hi)
             own = [span for spans in work.values() for span in spans]
             in_flight = busy_seconds(comm)
             steps.append({"start": lo, "end": hi, "step": hi - lo, "own": busy_seconds(own),

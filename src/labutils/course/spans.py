@@ -19,7 +19,9 @@ from pathlib import Path
 
 from labutils.errors import InputError
 
-__all__ = ["busy_seconds", "overlap_seconds", "trace_spans", "trace_events", "merge_traces"]
+__all__ = ["busy_seconds", "overlap_seconds", "trace_spans", "trace_events", "merge_traces", "is_comm"]
+
+COMM_MATCH = ("all_reduce", "allreduce", "AllReduce")
 
 
 def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -124,9 +126,15 @@ def merge_traces(traces: dict[int, tuple[str | os.PathLike, int]], out: str | os
     return path
 
 
+def is_comm(name: str, comm_match: Sequence[str] = COMM_MATCH) -> bool:
+    """A trace event that is the communication itself (gloo:all_reduce on CPU), not the op
+    that queued it (c10d::allreduce_)."""
+    return any(m in name for m in comm_match) and not name.startswith("c10d::")
+
+
 def trace_spans(path: str | os.PathLike, *,
                 compute_prefix: str = "autograd::engine::evaluate_function: ",
-                comm_match: Sequence[str] = ("all_reduce", "allreduce", "AllReduce")) -> dict:
+                comm_match: Sequence[str] = COMM_MATCH) -> dict:
     """Backward ops and all-reduces from a torch.profiler Chrome trace.
 
     Args:
@@ -149,7 +157,7 @@ def trace_spans(path: str | os.PathLike, *,
         name = str(e.get("name", ""))
         if name.startswith(compute_prefix):
             compute.append((name[len(compute_prefix):], start, end))
-        elif any(m in name for m in comm_match) and not name.startswith("c10d::"):
+        elif is_comm(name, comm_match):
             comm.append((name, start, end, str(e.get("tid", ""))))
     compute.sort(key=lambda s: s[1])
     comm.sort(key=lambda s: s[1])
