@@ -246,8 +246,8 @@ class Server:
         return lines[-1] if lines else f"exit code {self.proc.poll()}"
 
     def _read(self, timeout: float) -> dict:
-        self.sock.settimeout(timeout)
-        try:
+        try:  # a socket already closed (an interrupted call closed it) is a server gone too
+            self.sock.settimeout(timeout)
             line = self.reader.readline()
         except (OSError, ValueError):
             line = b""
