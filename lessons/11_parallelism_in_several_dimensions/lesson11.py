@@ -17,8 +17,9 @@ from labutils.course.tables import text_table
 KiB, MiB = 2**10, 2**20
 
 
-def _part(records: Iterable[dict], part: str, rank: int = 0) -> list[dict]:
-    return [r for r in records if r.get("part") == part and r.get("rank", 0) == rank]
+def _part(records: Iterable[dict], part: str, rank: int | None = 0) -> list[dict]:
+    """The records of one part of a script's report: rank's, or every rank's (None)."""
+    return [r for r in records if r.get("part") == part and (rank is None or r.get("rank", 0) == rank)]
 
 
 def _size(nbytes: float) -> str:
@@ -348,25 +349,30 @@ def mesh_claims(run) -> str:
 ORDERS = ("dp,tp", "tp,dp")
 
 
-def _order_record(run, order: str) -> dict:
-    return next(r for r in _part(run.records, "2d") if r.get("order") == order)
+def _layout_record(run, layout: str) -> dict:
+    return next(r for r in _part(run.records, "2d") if r.get("layout") == layout)
 
 
 def _crossing(run, order: str, per_host: int) -> tuple[str, float]:
     """(the mesh dimension whose pairs are on two hosts, the bytes rank 0 sends for it in a step)."""
-    rec = _order_record(run, order)
+    rec = _layout_record(run, order)
     across = "tp" if len({r // per_host for r in rec["tp_group"]}) > 1 else "dp"
     calls = [c for c in rec["forward"] + rec["backward"] if c["mesh_dim"] == across]
     return across, sent(calls)
 
 
-def _step(run, order: str) -> float:
+def _timing(run, layout: str, rank: int = 0) -> dict:
+    return next(r for r in run.records if r.get("part") == "timing" and r["layout"] == layout
+                and r["rank"] == rank)
+
+
+def _step(run, layout: str) -> float:
     return statistics.median(r["step_s"] for r in run.records
-                             if r.get("part") == "timing" and r["order"] == order)
+                             if r.get("part") == "timing" and r["layout"] == layout)
 
 
 def placement_table(run, *, per_host: int = 2) -> str:
-    """Per mesh order (fsdp_tp.py --order both): which dimension's pairs share a host, the
+    """Per mesh order (fsdp_tp.py --layouts dp,tp tp,dp): which dimension's pairs share a host, the
     bytes a rank sends over the slow link per step for the other, and the measured step."""
     rows = []
     for order in ORDERS:
@@ -387,7 +393,171 @@ def placement_claims(run, *, per_host: int = 2) -> str:
         f"{across[1] > 2 * inside[1]}",
         f"and its step takes at least 1.3 times as long: {ratio >= 1.3}",
         f"every gradient equal to one process's in both orders: "
-        f"{all(r['equal'] for r in run.records if r.get('part') == '2d')}",
+        f"{all(r['equal'] for r in run.records if r.get('part') == '2d' and r.get('layout') in ORDERS)}",
+    ])
+
+
+# ------------------------------------------------------------------ choosing a layout
+
+# (name, what each pair inside a host does, what the groups across hosts do, fsdp_tp.py's
+# --layouts word where the script runs it); "4" marks one group of all 4 ranks
+LAYOUTS = (
+    ("DDP", "4", "ddp", None),
+    ("FSDP2", "4", "fsdp2", None),
+    ("TP + SP", "4", "tp", None),
+    ("HSDP: shards in a host, replicas across", "fsdp2", "ddp", "hsdp"),
+    ("FSDP2 x TP + SP, tp in a host", "tp", "fsdp2", "dp,tp"),
+    ("DDP x TP + SP, tp in a host", "tp", "ddp", None),
+    ("FSDP2 x TP + SP, tp across hosts", "fsdp2", "tp", "tp,dp"),
+)
+
+
+def gloo_sent(call: dict) -> float:
+    """Bytes one rank sends for a counted collective on gloo: lesson 02's formulas, with a
+    reduce-scatter priced as the all-reduce of the whole array that gloo runs for it
+    (lesson 07)."""
+    return sent_per_rank({**call, "op": "all_reduce"} if call["op"] == "reduce_scatter" else call)
+
+
+def at_least_across(calls: list[dict]) -> float:
+    """The fewest bytes a host must send to the other host for these collectives of a
+    group with ranks on both, whatever the algorithm: an all-gather needs the host's
+    half of the array; an all-reduce (and gloo's reduce-scatter, which is one) its sums
+    for half the array, then its half of the result: the whole array."""
+    return sum(c["nbytes"] / 2 if c["op"] == "all_gather" else c["nbytes"] for c in calls)
+
+
+def _tp_way(run) -> dict:
+    return next(w for w in _part(run.records, "way") if w["way"] == "TP + SP")
+
+
+def layout_predictions(tp2, tp4, mesh2d, *, batch: int = 32, budget: float = 9 * MiB,
+                       link_bits_per_s: float = 200e6, per_host: int = 2) -> list[dict]:
+    """Per layout of LAYOUTS on 2 hosts of 2 ranks: a rank's memory and the bytes one host
+    sends over the slow link per training step, from the lesson's measurements and formulas.
+
+    Memory is what a rank holds through the step: parameters, gradients and Adam's two
+    states, 16 bytes per float32 parameter it keeps (4 times its parameter bytes), and
+    the activations autograd saves, section 2's per sequence times the sequences the rank
+    computes (FSDP2's gathered parameters, one group at a time, are left out). Bytes: a
+    pair of ranks on two hosts sends all its traffic across, per_host pairs per host; a
+    group of 4 ranks is priced at the least any algorithm sends (at_least_across). The
+    dp collectives are section 6's counts; tp's are too, scaled from its batch to this
+    one (all but the norms' gradient all-reduces carry activations).
+
+    Args:
+        tp2, tp4: tp_block.py's runs on 2 and 4 ranks; mesh2d: fsdp_tp.py's on 4.
+        batch: sequences per step, all ranks together; budget: bytes a rank may hold.
+    """
+    ref = _part(tp2.records, "reference")[0]
+    whole, seq = ref["param_bytes"], ref["saved_bytes"] / ref["shape"]["batch"]
+    piece2, saved2 = _tp_way(tp2)["param_bytes"], _tp_way(tp2)["saved_bytes"] / ref["shape"]["batch"]
+    piece4, saved4 = _tp_way(tp4)["param_bytes"], _tp_way(tp4)["saved_bytes"] / ref["shape"]["batch"]
+    rec = _part(mesh2d.records, "2d")[0]
+    shape = ref["shape"]
+    scale = (batch / 2) / (rec["activation_bytes"] / (shape["seq"] * shape["dim"] * 4))
+    calls = rec["forward"] + rec["backward"]
+    dp_calls = [c for c in calls if c["mesh_dim"] == "dp"]
+    tp_calls = [c if c["op"] == "all_reduce" else {**c, "nbytes": c["nbytes"] * scale}
+                for c in calls if c["mesh_dim"] == "tp"]
+    tp4_way = _tp_way(tp4)
+    tp4_calls = [c if c["op"] == "all_reduce" else {**c, "nbytes": c["nbytes"] * batch / shape["batch"]}
+                 for c in tp4_way["forward"] + tp4_way["backward"]]
+
+    def pair(op: str, nbytes: float) -> dict:
+        return {"op": op, "nbytes": nbytes, "group_size": 2}
+
+    rows = []
+    for name, inside, across, runs_as in LAYOUTS:
+        if inside == "4":
+            held = {"ddp": whole, "fsdp2": whole / 4, "tp": piece4}[across]
+            saved = saved4 * batch if across == "tp" else seq * batch / 4
+            group_calls = {"ddp": [{"op": "all_reduce", "nbytes": whole}],
+                           "fsdp2": [{"op": "all_gather", "nbytes": whole}, {"op": "reduce_scatter", "nbytes": whole}],
+                           "tp": tp4_calls}[across]
+            crossing, exact = at_least_across(group_calls), False
+        elif inside == "fsdp2":  # hsdp, or tp across hosts with FSDP2 in them
+            if across == "ddp":
+                held, saved = whole / 2, seq * batch / 4
+                crossing = per_host * gloo_sent(pair("all_reduce", whole / 2))
+            else:
+                held, saved = piece2 / 2, saved2 * batch / 2
+                crossing = per_host * sum(gloo_sent(c) for c in tp_calls)
+            exact = True
+        else:  # tp pairs in a host, data parallelism across
+            held, saved = (piece2 / 2 if across == "fsdp2" else piece2), saved2 * batch / 2
+            group_calls = dp_calls if across == "fsdp2" else [pair("all_reduce", piece2)]
+            crossing, exact = per_host * sum(gloo_sent(c) for c in group_calls), True
+        total = 4 * held + saved
+        rows.append({"layout": name, "runs_as": runs_as, "state": 4 * held, "activations": saved,
+                     "total": total, "fits": total <= budget, "crossing": crossing, "exact": exact,
+                     "link_s": crossing * 8 / link_bits_per_s, "budget": budget})
+    fitting = [r for r in rows if r["fits"]]
+    best = min(fitting, key=lambda r: r["link_s"]) if fitting else None
+    for r in rows:
+        r["best"] = r is best
+    return rows
+
+
+def layout_table(tp2, tp4, mesh2d, **kwargs) -> str:
+    """layout_predictions as a table: memory per rank, whether it fits, bytes and time on
+    the slow link per step."""
+    rows = []
+    predictions = layout_predictions(tp2, tp4, mesh2d, **kwargs)
+    for r in predictions:
+        at_least = "" if r["exact"] else ">= "
+        rows.append([r["layout"], f"{r['state'] / MiB:.2f}",
+                     f"{r['activations'] / MiB:.2f}", f"{r['total'] / MiB:.2f}", "yes" if r["fits"] else "no",
+                     f"{at_least}{r['crossing'] / KiB:,.0f}", f"{at_least}{r['link_s'] * 1e3:.0f}"])
+    best = next((r["layout"] for r in predictions if r["best"]), "none")
+    table = text_table(["layout (4 ranks, 2 hosts)", "model state MiB", "activations MiB", "per rank MiB",
+                        f"fits {predictions[0]['budget'] / MiB:g} MiB", "slow link KiB per host",
+                        "slow link ms"], rows, right=range(1, 7))
+    return f"{table}\n\nfastest predicted of those that fit: {best}"
+
+
+def layout_measured_table(tp2, tp4, mesh2d, placed, **kwargs) -> str:
+    """The layouts fsdp_tp.py ran on the cluster: rank 0's memory, its host's link bytes
+    per step and the median step, each beside the prediction."""
+    rows = []
+    for r in layout_predictions(tp2, tp4, mesh2d, **kwargs):
+        if r["runs_as"] is None:
+            continue
+        t = _timing(placed, r["runs_as"])
+        held = t["params"] + t["grads"] + t["optimizer"] + t["activations"]
+        rows.append([r["runs_as"], f"{r['total'] / MiB:.2f}", f"{held / MiB:.2f}", f"{r['crossing'] / KiB:,.0f}",
+                     f"{t['link_sent_per_step'] / KiB:,.0f}", f"{r['link_s'] * 1e3:.0f}",
+                     f"{_step(placed, r['runs_as']) * 1e3:.0f}"])
+    return text_table(["fsdp_tp.py layout", "predicted MiB", "measured MiB", "predicted KiB per step",
+                       "measured KiB per step", "predicted link ms", "measured step ms"], rows, right=range(1, 7))
+
+
+def layout_claims(tp2, tp4, mesh2d, placed, *, memory_tolerance: float = 0.001,
+                  bytes_tolerance: float = 0.03, **kwargs) -> str:
+    """The predictions against fsdp_tp.py's measured layouts, each True or False."""
+    rows = [r for r in layout_predictions(tp2, tp4, mesh2d, **kwargs) if r["runs_as"]]
+    memory_ok = bytes_ok = slower_than_link = True
+    for r in rows:
+        for rank in range(placed.world_size):
+            m = _timing(placed, r["runs_as"], rank)
+            held = m["params"] + m["grads"] + m["optimizer"] + m["activations"]
+            memory_ok &= abs(held / r["total"] - 1) <= memory_tolerance
+            bytes_ok &= 0 <= m["link_sent_per_step"] / r["crossing"] - 1 <= bytes_tolerance
+        slower_than_link &= _step(placed, r["runs_as"]) >= r["link_s"]
+    best = next((r for r in rows if r["best"]), None)
+    fastest = min(rows, key=lambda r: _step(placed, r["runs_as"]))
+    by_link = [r["runs_as"] for r in sorted(rows, key=lambda r: r["link_s"])]
+    by_step = [r["runs_as"] for r in sorted(rows, key=lambda r: _step(placed, r["runs_as"]))]
+    equal = all(r["equal"] for r in _part(placed.records, "2d", rank=None) if r.get("layout"))
+    return "\n".join([
+        f"every rank's memory within {memory_tolerance:.1%} of the prediction: {memory_ok}",
+        f"every host's link bytes per step at most {bytes_tolerance:.0%} above the prediction "
+        f"(the rest is packet headers): {bytes_ok}",
+        f"the layout predicted fastest of those that fit ran the fastest step: "
+        f"{best is not None and best is fastest}",
+        f"the steps come in the order of the predicted link times: {by_link == by_step}",
+        f"every step took at least its predicted link time: {slower_than_link}",
+        f"every gradient equal to one process's in all {len(rows)} layouts: {equal}",
     ])
 
 
@@ -403,6 +573,9 @@ def check_answers(answers: dict) -> None:
         "q5_token_all_to_alls_per_moe_forward": (2, "one to send tokens to their experts, one to bring them back"),
         "q6_zigzag_parts_per_rank": (2, "one early part and one late part of the sequence"),
         "q7_gpipe_idle_share_p4_m12": (0.2, "(p-1)/(m+p-1) = 3/15", 1e-6),
+        "q8_hsdp_bytes_across_in_model_bytes": (1, "each of the host's 2 ranks all-reduces its half of the "
+                                                   "gradients with its replica, and an all-reduce of a pair "
+                                                   "sends the whole array per rank", 1e-6),
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
@@ -412,5 +585,6 @@ __all__ = [
     "kept_whole_bytes", "sp_memory_check", "tp_claims", "moe_traffic_table", "moe_load_table", "moe_claims",
     "ring_table", "ring_claims", "torch_cp_line", "pipeline_table", "pipeline_claims", "bubble_predicted",
     "bubble_table", "bubble_claims", "bubble_gap", "mesh_table", "placement_table", "placement_claims",
-    "mesh_claims", "check_answers",
+    "mesh_claims", "LAYOUTS", "gloo_sent", "at_least_across", "layout_predictions", "layout_table",
+    "layout_measured_table", "layout_claims", "check_answers",
 ]

@@ -43,9 +43,9 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
+sys.path.insert(0, str(Path(__file__).parent))  # model.py and memory.py sit next to this file
+from memory import SavedBytes
 from model import TinyTransformer, token_batch
 from plans import WAYS, plans
 
@@ -60,38 +60,8 @@ if HEADS % world_size or SEQ % world_size:
 mesh = init_device_mesh(device.type, (world_size,))
 
 
-class SavedBytes:
-    """Bytes of the tensors autograd saves for backward, once per storage, parameters
-    left out: the activation memory of a step on this rank."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.params = {ptr for p in model.parameters() for ptr, _ in _storages(p)}
-        self.storages: dict[int, int] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        for ptr, nbytes in _storages(t):
-            if ptr not in self.params:
-                self.storages[ptr] = nbytes
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
-
-
-def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
-    """(address, bytes) of the memory behind a tensor; a tensor subclass that wraps
-    others (a DTensor, a collective's result still in flight) by its inner tensors."""
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        inner = (getattr(t, name) for name in names)
-        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
-    storage = t.untyped_storage()
-    return [(storage.data_ptr(), storage.nbytes())]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

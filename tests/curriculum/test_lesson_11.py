@@ -179,17 +179,17 @@ def test_the_mesh_claims_say_which_traffic_each_dimension_carries():
 
 def placed_run(step_inside: float = 0.22, step_across: float = 0.61, *, equal: bool = True,
                swapped: bool = False) -> SimpleNamespace:
-    """fsdp_tp.py --order both --time-steps on 2 hosts of 2 ranks: the groups follow each order."""
+    """fsdp_tp.py --layouts dp,tp tp,dp --time-steps on 2 hosts of 2 ranks: the groups follow each order."""
     inner, outer = [[0, 1], [2, 3]], [[0, 2], [1, 3]]
     records = []
     for order, step in (("dp,tp", step_inside), ("tp,dp", step_across)):
         tp_inside = (order == "dp,tp") != swapped
         for r in mesh_run().records:
-            r.update(order=order, equal=equal,
+            r.update(layout=order, equal=equal,
                      tp_group=next(g for g in (inner if tp_inside else outer) if r["rank"] in g),
                      dp_group=next(g for g in (outer if tp_inside else inner) if r["rank"] in g))
             records.append(r)
-        records += [{"part": "timing", "rank": r, "order": order, "step_s": step} for r in range(4)]
+        records += [{"part": "timing", "rank": r, "layout": order, "step_s": step} for r in range(4)]
     return SimpleNamespace(records=records, world_size=4)
 
 
@@ -220,3 +220,72 @@ def test_the_bubble_claims_hold_for_a_shrinking_bubble_and_fail_otherwise():
     assert "within 15 points: False" in L.bubble_claims(apart)
     assert "m=8: 20% against 11%" in L.bubble_gap(bubble_run())
     assert "bubble rank 1" in L.bubble_table(bubble_run())
+
+
+# ------------------------------------------------------------------ choosing a layout
+
+W = 1_316_352  # the model's parameter bytes (float32)
+
+
+def predictions(**kwargs) -> dict[str, dict]:
+    return {r["layout"]: r for r in L.layout_predictions(ways(2), ways(4), mesh_run(), **kwargs)}
+
+
+def test_gloo_prices_a_reduce_scatter_as_an_all_reduce():
+    assert L.gloo_sent(call("reduce_scatter", 1000)) == L.gloo_sent(call("all_reduce", 1000)) == 1000
+    assert L.gloo_sent(call("all_gather", 1000)) == 500
+    assert L.at_least_across([call("all_gather", 1000, 4), call("all_reduce", 1000, 4)]) == 1500
+
+
+def test_each_layout_is_priced_by_hand():
+    p = predictions()
+    assert p["DDP"]["state"] == 16 * W / 4 and not p["DDP"]["fits"] and not p["DDP"]["exact"]
+    hsdp = p["HSDP: shards in a host, replicas across"]
+    assert hsdp["state"] == 2 * W and hsdp["activations"] == 5_795_844  # 8 sequences, unsplit
+    assert hsdp["crossing"] == W and hsdp["exact"] and hsdp["best"]  # 2 ranks x a pair's all-reduce of W/2
+    inside = p["FSDP2 x TP + SP, tp in a host"]
+    # 2 ranks x (all-gathers of half, gloo's reduce-scatters of all, of section 6's dp arrays)
+    assert inside["crossing"] == 2 * (263_168 / 2 + 2 * 396_800 / 2 + 396_800 + 263_168)
+    assert inside["activations"] == 2 * 3_819_524 and inside["state"] == 4 * 659_968 / 2
+    across = p["FSDP2 x TP + SP, tp across hosts"]
+    assert across["crossing"] == 2 * (18 * ACT + LOGITS + 6 * 512)  # twice section 6's batch
+    assert p["FSDP2"]["crossing"] == 1.5 * W and p["FSDP2"]["fits"]
+    assert [r["layout"] for r in predictions(budget=7 * 2**20).values() if r["best"]] == ["FSDP2"]
+    assert not any(r["best"] for r in predictions(budget=6 * 2**20).values())
+    assert "fastest predicted of those that fit: none" in L.layout_table(ways(2), ways(4), mesh_run(),
+                                                                       budget=6 * 2**20)
+
+
+def layouts_run(*, steps=(0.115, 0.23, 0.62), memory: float = 1.0, link: float = 1.005,
+                equal: bool = True) -> SimpleNamespace:
+    """fsdp_tp.py --layouts hsdp dp,tp tp,dp --time-steps on the cluster, measured as predicted
+    (times memory and link)."""
+    by_layout = {r["runs_as"]: r for r in predictions().values() if r["runs_as"]}
+    records = []
+    for (layout, r), step in zip(by_layout.items(), steps):
+        state = r["state"] * memory
+        for rank in range(4):
+            records.append({"part": "2d", "rank": rank, "layout": layout, "equal": equal})
+            records.append({"part": "timing", "rank": rank, "layout": layout, "step_s": step,
+                            "params": state / 4, "grads": state / 4, "optimizer": state / 2,
+                            "activations": r["activations"] * memory,
+                            "link_sent_per_step": r["crossing"] * link})
+    return SimpleNamespace(records=records, world_size=4)
+
+
+def claims(run) -> list[str]:
+    return L.layout_claims(ways(2), ways(4), mesh_run(), run).splitlines()
+
+
+def test_the_layout_claims_hold_as_predicted_and_fail_otherwise():
+    assert all(line.endswith(": True") for line in claims(layouts_run()))
+    assert claims(layouts_run(memory=1.01))[0].endswith(": False")
+    assert claims(layouts_run(link=0.99))[1].endswith(": False")  # fewer bytes than the collectives need
+    assert claims(layouts_run(link=1.05))[1].endswith(": False")
+    slow_hsdp = claims(layouts_run(steps=(0.3, 0.23, 0.62)))
+    assert slow_hsdp[2].endswith(": False") and slow_hsdp[3].endswith(": False")
+    assert claims(layouts_run(steps=(0.115, 0.62, 0.23)))[3].endswith(": False")
+    assert claims(layouts_run(steps=(0.04, 0.23, 0.62)))[4].endswith(": False")  # faster than the link
+    assert claims(layouts_run(equal=False))[5].endswith(": False")
+    table = L.layout_measured_table(ways(2), ways(4), mesh_run(), layouts_run()).splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["hsdp", "dp,tp", "tp,dp"]
