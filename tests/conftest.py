@@ -184,6 +184,7 @@ LONGEST_FIRST = ("tests/grading/test_grading_labs.py", "tests/run/test_endings.p
 NOTEBOOKS_FOR_THE_PARALLEL_PASS = (
     "04_sampler_pitfalls.ipynb",  # which items each rank sees, a hang at a barrier
     "05_elastic_training.ipynb",  # restarts after kills at steps, equal weights
+    "08_async_data_parallel.ipynb",  # pushes and pulls counted, replays bit for bit
     "10_current_stack.ipynb",     # placements, bytes per collective, equal weights
     "11_parallelism_in_several_dimensions.ipynb",  # equal gradients, collectives, saved bytes
     "12_where_memory_goes.ipynb",  # bytes held, FLOPs and ops counted, equal gradients
