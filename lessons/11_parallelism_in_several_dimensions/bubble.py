@@ -12,8 +12,8 @@ of m micro-batches of 64 rows under GPipe and under 1F1B, for m in --micro-batch
 rank's busy time is the time its stage spends in forward_one_chunk and backward_one_chunk,
 the two methods the schedule calls to compute one micro-batch once what it needs has
 arrived; the bubble is the rest of the step: 1 - busy / wall. Each setting runs once to
-warm up, then --repeats times; the report gives the median step time and bubble per
-schedule and m.
+warm up; then the settings take turns, one step each, for --repeats rounds; the report
+gives the median step time and bubble per schedule and m.
 """
 
 import argparse
@@ -30,7 +30,7 @@ from labutils.dist import init, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--micro-batches", default="2,8", help="the numbers of micro-batches, comma-separated")
-parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting, after one warm-up")
+parser.add_argument("--repeats", type=int, default=5, help="timed steps per setting, after one warm-up")
 args = parser.parse_args()
 
 WIDTH, LAYERS, MICRO = 1024, 8, 64
@@ -77,6 +77,7 @@ def one_step(schedule, stage, busy: Busy, m: int) -> tuple[float, float]:
     return time.perf_counter() - wall, busy.seconds
 
 
+settings = []  # (schedule's name, m, schedule, stage, busy)
 for name, cls in SCHEDULES.items():
     for m in (int(v) for v in args.micro_batches.split(",")):
         module = copy.deepcopy(layers[rank * per_rank:(rank + 1) * per_rank]).to(device)
@@ -84,10 +85,17 @@ for name, cls in SCHEDULES.items():
         schedule = cls(stage, n_microbatches=m, loss_fn=F.mse_loss)
         busy = Busy(stage)
         one_step(schedule, stage, busy, m)  # the first step also learns the shapes between stages
-        walls, bubbles = [], []
-        for _ in range(args.repeats):
-            wall, computing = one_step(schedule, stage, busy, m)
-            walls.append(wall)
-            bubbles.append(1 - computing / wall)
-        report(part="bubble", schedule=name, micro_batches=m, step_s=statistics.median(walls),
-               bubble=statistics.median(bubbles), stages=world_size)
+        settings.append((name, m, schedule, stage, busy))
+
+# The settings take turns, one step each per round: whatever else the machine runs meanwhile
+# falls on all of them alike, not on whichever setting happened to run at that moment.
+walls: dict = {(name, m): [] for name, m, *_ in settings}
+bubbles: dict = {(name, m): [] for name, m, *_ in settings}
+for _ in range(args.repeats):
+    for name, m, schedule, stage, busy in settings:
+        wall, computing = one_step(schedule, stage, busy, m)
+        walls[name, m].append(wall)
+        bubbles[name, m].append(1 - computing / wall)
+for name, m, *_ in settings:
+    report(part="bubble", schedule=name, micro_batches=m, step_s=statistics.median(walls[name, m]),
+           bubble=statistics.median(bubbles[name, m]), stages=world_size)

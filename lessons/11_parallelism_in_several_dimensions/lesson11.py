@@ -533,8 +533,13 @@ def layout_measured_table(tp2, tp4, mesh2d, placed, **kwargs) -> str:
 
 
 def layout_claims(tp2, tp4, mesh2d, placed, *, memory_tolerance: float = 0.001,
-                  bytes_tolerance: float = 0.03, **kwargs) -> str:
-    """The predictions against fsdp_tp.py's measured layouts, each True or False."""
+                  bytes_tolerance: float = 0.10, **kwargs) -> str:
+    """The predictions against fsdp_tp.py's measured layouts, each True or False.
+
+    A link carries more than the collectives' bytes: each packet's headers (66 bytes per
+    1,448 of data with 1,500-byte packets, 4.6%) and the acknowledgements of what the
+    host receives (a header per two packets, 2.3%); hence bytes_tolerance. Pricing gloo's
+    reduce-scatters by lesson 02's formula instead would fall about 30% short."""
     rows = [r for r in layout_predictions(tp2, tp4, mesh2d, **kwargs) if r["runs_as"]]
     memory_ok = bytes_ok = slower_than_link = True
     for r in rows:
@@ -552,7 +557,7 @@ def layout_claims(tp2, tp4, mesh2d, placed, *, memory_tolerance: float = 0.001,
     return "\n".join([
         f"every rank's memory within {memory_tolerance:.1%} of the prediction: {memory_ok}",
         f"every host's link bytes per step at most {bytes_tolerance:.0%} above the prediction "
-        f"(the rest is packet headers): {bytes_ok}",
+        f"(packet headers and acknowledgements): {bytes_ok}",
         f"the layout predicted fastest of those that fit ran the fastest step: "
         f"{best is not None and best is fastest}",
         f"the steps come in the order of the predicted link times: {by_link == by_step}",
