@@ -138,8 +138,8 @@ def one_layout(layout: str) -> None:
     report(part="2d", layout=layout, equal=equal, forward=forward.calls, backward=backward.calls,
            param_bytes=sum(t.numel() * t.element_size() for t in local),
            unsplit_param_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()),
-           activation_bytes=args.batch * SEQ * DIM * 4, groups=groups,
-           **{f"{name}_group": ranks for name, ranks in groups.items()},
+           activation_bytes=args.batch * SEQ * DIM * 4,
+           **{f"{name}_group": ranks for name, ranks in groups.items()},  # dp_group, tp_group, ...
            **({"dp": mesh.get_local_rank("dp"), "tp": mesh.get_local_rank("tp")} if layout != "hsdp" else {}))
     if args.time_steps:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

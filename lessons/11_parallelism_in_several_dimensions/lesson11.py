@@ -311,10 +311,15 @@ def bubble_gap(run) -> str:
 
 # ------------------------------------------------------------------ two dimensions
 
+def _mesh_records(run, rank: int | None = 0) -> list[dict]:
+    """fsdp_tp.py's records of its ("dp", "tp") layout (the default), rank's or every rank's."""
+    return [r for r in _part(run.records, "2d", rank) if r.get("layout", "dp,tp") == "dp,tp"]
+
+
 def mesh_table(run) -> str:
     """Rank 0's collectives of one 2-D step, per mesh dimension and pass, with the bytes
     it sends for them (lesson 02's formulas)."""
-    rec = _part(run.records, "2d")[0]
+    rec = _mesh_records(run)[0]
     rows = []
     for dim in ("dp", "tp"):
         for pass_ in ("forward", "backward"):
@@ -326,8 +331,8 @@ def mesh_table(run) -> str:
 
 
 def mesh_claims(run) -> str:
-    recs = [r for r in run.records if r.get("part") == "2d"]
-    rec = _part(run.records, "2d")[0]
+    recs = _mesh_records(run, rank=None)
+    rec = _mesh_records(run)[0]
     calls = rec["forward"] + rec["backward"]
     by_dim = {d: [c for c in calls if c["mesh_dim"] == d] for d in ("dp", "tp")}
     act = rec["activation_bytes"]
@@ -453,7 +458,7 @@ def layout_predictions(tp2, tp4, mesh2d, *, batch: int = 32, budget: float = 9 *
     whole, seq = ref["param_bytes"], ref["saved_bytes"] / ref["shape"]["batch"]
     piece2, saved2 = _tp_way(tp2)["param_bytes"], _tp_way(tp2)["saved_bytes"] / ref["shape"]["batch"]
     piece4, saved4 = _tp_way(tp4)["param_bytes"], _tp_way(tp4)["saved_bytes"] / ref["shape"]["batch"]
-    rec = _part(mesh2d.records, "2d")[0]
+    rec = _mesh_records(mesh2d)[0]
     shape = ref["shape"]
     scale = (batch / 2) / (rec["activation_bytes"] / (shape["seq"] * shape["dim"] * 4))
     calls = rec["forward"] + rec["backward"]
