@@ -436,6 +436,12 @@ def _tp_way(run) -> dict:
     return next(w for w in _part(run.records, "way") if w["way"] == "TP + SP")
 
 
+def _scaled(calls: list[dict], factor: float) -> list[dict]:
+    """Counted collectives of a tensor-parallel step, for factor times the batch: all but
+    the norms' gradient all-reduces carry activations, which grow with the batch."""
+    return [c if c["op"] == "all_reduce" else {**c, "nbytes": c["nbytes"] * factor} for c in calls]
+
+
 def layout_predictions(tp2, tp4, mesh2d, *, batch: int = 32, budget: float = 9 * MiB,
                        link_bits_per_s: float = 200e6, per_host: int = 2) -> list[dict]:
     """Per layout of LAYOUTS on 2 hosts of 2 ranks: a rank's memory and the bytes one host
@@ -448,26 +454,24 @@ def layout_predictions(tp2, tp4, mesh2d, *, batch: int = 32, budget: float = 9 *
     pair of ranks on two hosts sends all its traffic across, per_host pairs per host; a
     group of 4 ranks is priced at the least any algorithm sends (at_least_across). The
     dp collectives are section 6's counts; tp's are too, scaled from its batch to this
-    one (all but the norms' gradient all-reduces carry activations).
+    one (_scaled).
 
     Args:
         tp2, tp4: tp_block.py's runs on 2 and 4 ranks; mesh2d: fsdp_tp.py's on 4.
         batch: sequences per step, all ranks together; budget: bytes a rank may hold.
     """
     ref = _part(tp2.records, "reference")[0]
-    whole, seq = ref["param_bytes"], ref["saved_bytes"] / ref["shape"]["batch"]
-    piece2, saved2 = _tp_way(tp2)["param_bytes"], _tp_way(tp2)["saved_bytes"] / ref["shape"]["batch"]
-    piece4, saved4 = _tp_way(tp4)["param_bytes"], _tp_way(tp4)["saved_bytes"] / ref["shape"]["batch"]
-    rec = _mesh_records(mesh2d)[0]
     shape = ref["shape"]
-    scale = (batch / 2) / (rec["activation_bytes"] / (shape["seq"] * shape["dim"] * 4))
+    way2, way4 = _tp_way(tp2), _tp_way(tp4)
+    whole, seq = ref["param_bytes"], ref["saved_bytes"] / shape["batch"]
+    piece2, saved2 = way2["param_bytes"], way2["saved_bytes"] / shape["batch"]
+    piece4, saved4 = way4["param_bytes"], way4["saved_bytes"] / shape["batch"]
+    rec = _mesh_records(mesh2d)[0]
+    mesh_batch = rec["activation_bytes"] / (shape["seq"] * shape["dim"] * 4)  # per tp pair
     calls = rec["forward"] + rec["backward"]
     dp_calls = [c for c in calls if c["mesh_dim"] == "dp"]
-    tp_calls = [c if c["op"] == "all_reduce" else {**c, "nbytes": c["nbytes"] * scale}
-                for c in calls if c["mesh_dim"] == "tp"]
-    tp4_way = _tp_way(tp4)
-    tp4_calls = [c if c["op"] == "all_reduce" else {**c, "nbytes": c["nbytes"] * batch / shape["batch"]}
-                 for c in tp4_way["forward"] + tp4_way["backward"]]
+    tp_calls = _scaled([c for c in calls if c["mesh_dim"] == "tp"], (batch / 2) / mesh_batch)
+    tp4_calls = _scaled(way4["forward"] + way4["backward"], batch / shape["batch"])
 
     def pair(op: str, nbytes: float) -> dict:
         return {"op": op, "nbytes": nbytes, "group_size": 2}
