@@ -145,9 +145,10 @@ def one_layout(layout: str) -> None:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         seconds, saved = [], SavedBytes(model)
         for step in range(args.time_steps + 1):  # the first is a warm-up
-            if step == 1:
+            if step == 1:  # the counter read between two barriers: after every rank's warm-up
+                dist.barrier()  # step, before any rank's first timed one (the other rank of
+                sent_before = sent_by_link()  # this host reads the same counter)
                 dist.barrier()
-                sent_before = sent_by_link()
             start = time.perf_counter()
             counting = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
             with counting if step == 0 else contextlib.nullcontext():
