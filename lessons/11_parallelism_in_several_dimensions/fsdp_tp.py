@@ -30,7 +30,7 @@ over all their rows); the collectives of the step with their mesh dimension and 
 group. With --time-steps, that many timed training steps with Adam after one more: their
 median; what the rank holds after them (parameters, gradients and Adam's state, each
 storage once); the bytes autograd saved for backward in the first step, parameters left
-out (memory.py); and, on a virtual cluster, the bytes its host's link sent per step
+out (labutils.course.memory); and, on a virtual cluster, the bytes its host's link sent per step
 (labutils.dist.link_bytes).
 """
 
@@ -50,12 +50,12 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-sys.path.insert(0, str(Path(__file__).parent))  # model.py and memory.py sit next to this file
-from memory import SavedBytes, held_bytes
+sys.path.insert(0, str(Path(__file__).parent))  # model.py and plans.py sit next to this file
 from model import TinyTransformer, token_batch
 from plans import plans
 
 from labutils.course.comm_count import CollectiveCounter
+from labutils.course.memory import SavedBytes, held_bytes
 from labutils.dist import init, link_bytes, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
@@ -143,16 +143,18 @@ def one_layout(layout: str) -> None:
            **({"dp": mesh.get_local_rank("dp"), "tp": mesh.get_local_rank("tp")} if layout != "hsdp" else {}))
     if args.time_steps:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        seconds, saved = [], SavedBytes(model)
+        seconds = []
         for step in range(args.time_steps + 1):  # the first is a warm-up
             if step == 1:  # the counter read between two barriers: after every rank's warm-up
                 dist.barrier()  # step, before any rank's first timed one (the other rank of
                 sent_before = sent_by_link()  # this host reads the same counter)
                 dist.barrier()
             start = time.perf_counter()
-            counting = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
-            with counting if step == 0 else contextlib.nullcontext():
+            counting = SavedBytes(model) if step == 0 else contextlib.nullcontext()
+            with counting:
                 loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+            if step == 0:
+                activations = counting.total
             loss.backward()
             optimizer.step()
             if step < args.time_steps:
@@ -163,7 +165,7 @@ def one_layout(layout: str) -> None:
         state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
         report(part="timing", layout=layout, step_s=statistics.median(seconds[1:]),
                params=held_bytes(model.parameters()), grads=held_bytes(p.grad for p in model.parameters()),
-               optimizer=held_bytes(state), activations=saved.total,
+               optimizer=held_bytes(state), activations=activations,
                link_sent_per_step=None if sent_before is None else (sent_after - sent_before) / args.time_steps)
 
 

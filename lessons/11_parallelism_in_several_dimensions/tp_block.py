@@ -44,12 +44,12 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))  # model.py and memory.py sit next to this file
-from memory import SavedBytes
+sys.path.insert(0, str(Path(__file__).parent))  # model.py and plans.py sit next to this file
 from model import TinyTransformer, token_batch
 from plans import WAYS, plans
 
 from labutils.course.comm_count import CollectiveCounter
+from labutils.course.memory import SavedBytes
 from labutils.dist import init, report
 
 VOCAB, DIM, HEADS, BATCH, SEQ = 512, 128, 4, 8, 64
@@ -71,11 +71,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def step(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor, *, way: str = ""):
     """One forward (the loss included) and backward: (loss, forward calls, backward
     calls, bytes saved for backward)."""
-    saved = SavedBytes(model)
     parallel_loss = loss_parallel() if "loss_parallel" in way else contextlib.nullcontext()
     with parallel_loss:  # cross_entropy on vocabulary-split logits, and its backward
-        with CollectiveCounter(mesh) as forward, \
-                torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        with CollectiveCounter(mesh) as forward, SavedBytes(model) as saved:
             logits = model(ids)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         with CollectiveCounter(mesh) as backward:

@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
 from model import DIM, batch, make_mlp
 
+from labutils.course.memory import SavedBytes, held_bytes
 from labutils.dist import init, report
 
 ROWS = 64  # rows of each rank's batch
@@ -52,49 +53,6 @@ rank, world_size, device = init()
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def held_bytes(tensors) -> int:
-    """Bytes of the tensors' storages, each storage once."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        storage = local(t).untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
-def is_parameter(t: torch.Tensor) -> bool:
-    """A parameter, or a view of one (Linear saves its weight, transposed, for backward)."""
-    return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
-
-
-class SavedBytes:
-    """Bytes autograd saves for backward while the context is open, each storage once,
-    parameters left out: they are counted as parameters (and FSDP2 frees the gathered
-    ones after each block's forward, gathering them again for its backward)."""
-
-    def __init__(self) -> None:
-        self.nbytes, self.kept = 0, {}
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not is_parameter(t):
-            storage = local(t).untyped_storage()
-            if storage._cdata not in self.kept:  # kept alive: no later storage gets its key
-                self.kept[storage._cdata] = storage
-                self.nbytes += storage.nbytes()
-        return t
-
-    def __enter__(self):
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.hooks.__exit__(*exc)
 
 
 def build(way: str):
@@ -135,7 +93,7 @@ for way in ("ddp", "zero1", "fsdp2", "tp"):
     state = [v for v in state if v.dim() > 0]  # Adam's step counters are scalars
     report(part="anatomy", way=way, params=held_bytes(params),
            grads=held_bytes(p.grad for p in params), optimizer=held_bytes(state),
-           activations=saved.nbytes, loss=loss.item(),
+           activations=saved.total, loss=loss.item(),
            numel=sum(local(p).numel() for p in params))
     del model, optimizer, loss
     dist.barrier()
