@@ -30,8 +30,8 @@ over all their rows); the collectives of the step with their mesh dimension and 
 group. With --time-steps, that many timed training steps with Adam after one more: their
 median; what the rank holds after them (parameters, gradients and Adam's state, each
 storage once); the bytes autograd saved for backward in the first step, parameters left
-out (labutils.course.memory); and, on a virtual cluster, the bytes its host's link sent per step
-(labutils.dist.link_bytes).
+out (labutils.course.memory); and, on a virtual cluster, the bytes its host's link sent
+per step (labutils.dist.link_bytes).
 """
 
 import argparse
