@@ -9,8 +9,10 @@ why they started cold. The launcher's other tests run both ways (conftest.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -122,6 +124,49 @@ def test_a_killed_server_is_replaced(runs_dir):
     assert first.ok and again.ok and again.start == "warm"
     assert "gone" in again.warm_server and again.start_reason is None
     assert server not in warm.servers() and not pid_alive(server.pid)
+
+
+def test_a_call_a_signal_cut_short_leaves_every_later_call_its_own_answer(monkeypatch):
+    """A signal handler that raises (Ctrl-C, the CLI's SIGTERM) can cut a call to the
+    server anywhere: before its answer is read, or after it is read and before it is
+    returned. The next calls must get their own answers at once. (Found by the
+    lifetime stress: one CLI in 20 warm runs sat 30 s on SIGTERM, waiting for an answer
+    it had already read; with answers counted instead of matched by id, 40 of 100 cuts
+    in this loop left the next call waiting.) The cuts come from a timer (SIGALRM,
+    pytest-timeout's alarm put back after)."""
+    monkeypatch.setattr(warm, "CALL_TIMEOUT_S", 10.0)   # a stall fails the test in 10 s
+    server, _ = warm.server_for({**os.environ, "OMP_NUM_THREADS": "1"})
+    ops = [({"op": "poll", "pid": 1 << 22}, lambda r: r == {"code": None}),
+           ({"op": "hello"}, lambda r: r["pid"] == server.pid and set(r) == {"pid", "threads"})]
+
+    def call(k: int) -> None:
+        request, right = ops[k % 2]
+        answer = server.call(request)
+        assert right(answer), (request, answer)
+
+    def cut(signum, frame):
+        raise KeyboardInterrupt("cut")
+
+    rng, cuts = random.Random(0), 0
+    alarm = signal.getitimer(signal.ITIMER_REAL)
+    previous = signal.signal(signal.SIGALRM, cut)
+    try:
+        for trial in range(300):
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(2e-5, 1e-3))
+            try:
+                for k in itertools.count():
+                    call(k)
+            except KeyboardInterrupt:
+                cuts += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for k in range(2):   # the next calls, each its own answer
+                call(trial + k)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if alarm[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *alarm)
+    assert cuts == 300 and server.alive()
 
 
 def test_a_changed_installation_retires_the_server(runs_dir, monkeypatch):
@@ -237,13 +282,13 @@ def test_a_call_cut_short_by_ctrl_c_does_not_hand_its_answer_to_the_next(runs_di
     polled): the next call, a new run's start, must read its own answer."""
     launch(SEES, 2, display="none")
     server = warm.servers()[0]
-    read = server._read
+    read = server._readline
 
     def interrupted(timeout):
-        monkeypatch.setattr(server, "_read", read)
+        monkeypatch.setattr(server, "_readline", read)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(server, "_read", interrupted)
+    monkeypatch.setattr(server, "_readline", interrupted)
     with pytest.raises(KeyboardInterrupt):
         server.call({"op": "poll", "pid": 1})
     with pytest.raises(warm.WarmUnavailable, match="unknown request"):

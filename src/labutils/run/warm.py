@@ -206,7 +206,7 @@ class Server:
         self.import_env = import_env(env)
         self.stamp = install_stamp()
         self.lock = threading.Lock()
-        self.owed = 0  # answers the server has sent (or will) that no call has read
+        self.asked = 0  # the id of the last request sent
         self.keepers: set[int] = set()  # keepers started and not yet seen to end
         self.used = time.monotonic()
         mine, theirs = socket.socketpair()
@@ -228,12 +228,11 @@ class Server:
         return self.proc.poll() is None
 
     def ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Wait for the server's first line (torch imported); WarmUnavailable if it dies."""
+        """Wait until the server answers (torch imported); WarmUnavailable if it dies."""
         if self.pid is not None:
             return
-        with self.lock:
-            hello = self._read(timeout)
-        if not hello.get("ready"):
+        hello = self._ask({"op": "hello"}, timeout)
+        if hello is None or "pid" not in hello:
             raise WarmUnavailable(f"the warm server did not start: {self.last_words()}")
         self.pid = hello["pid"]
 
@@ -245,36 +244,52 @@ class Server:
             lines = []
         return lines[-1] if lines else f"exit code {self.proc.poll()}"
 
-    def _read(self, timeout: float) -> dict:
+    def _ask(self, request: dict, timeout: float) -> dict | None:
+        """Send one request and read until its answer; None, the server closed, when it
+        is gone or did not answer within timeout.
+
+        A signal handler may raise (Ctrl-C's KeyboardInterrupt, the CLI's SIGTERM) at
+        any point of a call: after the request went out, or after the answer was read
+        but before it was returned, its bytes then lost. So answers are matched to
+        requests by id: the answer to a cut call is dropped when a later call reads it,
+        and a lost one is waited for by no one (counting answers owed instead once
+        left a call waiting CALL_TIMEOUT_S for an answer already read)."""
+        with self.lock:
+            self.asked += 1
+            ident = self.asked
+            try:
+                self.sock.sendall(json.dumps({**request, "id": ident}).encode() + b"\n")
+            except OSError:
+                self.close()
+                return None
+            deadline = time.monotonic() + timeout
+            while True:
+                line = self._readline(deadline - time.monotonic())
+                if not line:
+                    self.close()
+                    return None
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    continue  # the rest of a line whose start a cut read lost
+                if isinstance(answer, dict) and answer.pop("id", None) == ident:
+                    return answer
+
+    def _readline(self, timeout: float) -> bytes:
+        """One line from the server; b"" when it is gone or timeout ran out."""
+        if timeout <= 0:
+            return b""
         try:  # a socket already closed (an interrupted call closed it) is a server gone too
             self.sock.settimeout(timeout)
-            line = self.reader.readline()
+            return self.reader.readline()
         except (OSError, ValueError):
-            line = b""
-        if not line:
-            self.close()
-            return {}
-        return json.loads(line)
+            return b""
 
     def call(self, request: dict) -> dict:
         """One request and its answer; WarmUnavailable when the server is gone."""
         self.ready()
-        with self.lock:
-            # Answers to calls an interrupt cut short (Ctrl-C between the request and
-            # its answer) come first: read and drop them, or this call reads theirs.
-            while self.owed:
-                if not self._read(CALL_TIMEOUT_S):
-                    break
-                self.owed -= 1
-            try:
-                self.sock.sendall(json.dumps(request).encode() + b"\n")
-            except OSError:
-                self.close()
-                raise WarmUnavailable(f"the warm server is gone: {self.last_words()}") from None
-            self.owed += 1
-            reply = self._read(CALL_TIMEOUT_S)
-            self.owed -= 1
-        if not reply:
+        reply = self._ask(request, CALL_TIMEOUT_S)
+        if reply is None:
             raise WarmUnavailable(f"the warm server is gone: {self.last_words()}")
         if "error" in reply:
             raise WarmUnavailable(f"the warm server refused: {reply['error']}")

@@ -10,13 +10,18 @@ watches, stops and restarts the ranks, only no process imports torch again.
 
 The launcher (labutils.run.warm) starts ``python -u -m labutils.runtime.server FD``
 in a session of its own, FD being its end of a socket pair. Messages are JSON
-lines; the server answers each request in order:
+lines; the server answers each request in order, and every answer carries the "id" of
+its request (the caller matches them: an answer to a call a signal cut short is
+dropped, never taken for the next call's, and one lost in the cut read is waited for by
+no one):
 
-    (first, unasked)  {"ready": true, "pid": P, "threads": T}
-    {"op": "start", "argv": [...], "env": {...}, "cwd": D, "log": F}  ->  {"pid": K}
+    {"op": "hello", "id": N}  ->  {"pid": P, "threads": T, "id": N}
+        answered once torch is imported: the server is ready
+    {"op": "start", "argv": [...], "env": {...}, "cwd": D, "log": F, "id": N}  ->  {"pid": K, "id": N}
         fork a keeper (runtime/agent.py) in a new session, fd 0 from /dev/null, fd 1
         and 2 to F, in D, with exactly env, running torchrun with argv
-    {"op": "poll", "pid": K}  ->  {"code": None | exit code | -signal}
+    {"op": "poll", "pid": K, "id": N}  ->  {"code": None | exit code | -signal, "id": N}
+    anything else  ->  {"error": "...", "id": N or None}
 
 The server is single-threaded whenever it forks: it never runs torch code (importing
 torch starts at most OpenBLAS's idle thread server, which OpenBLAS stops itself
@@ -122,6 +127,8 @@ class Server:
 
     def answer(self, request: dict) -> dict:
         op = request.get("op")
+        if op == "hello":
+            return {"pid": os.getpid(), "threads": threads()}
         if op == "start":
             return {"pid": start_keeper(request, self.conn)}
         if op == "poll":
@@ -141,11 +148,14 @@ class Server:
             self.buffer += data
             while b"\n" in self.buffer:
                 line, self.buffer = self.buffer.split(b"\n", 1)
+                ident = None
                 try:
-                    reply = self.answer(json.loads(line))
+                    request = json.loads(line)
+                    ident = request.get("id")
+                    reply = self.answer(request)
                 except Exception as exc:  # noqa: BLE001 - a bad request must not end the server
                     reply = {"error": f"{type(exc).__name__}: {exc}"}
-                self.send(reply)
+                self.send({**reply, "id": ident})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,7 +180,6 @@ def main(argv: list[str] | None = None) -> None:
     gc.collect()
     gc.freeze()
     server = Server(conn)
-    server.send({"ready": True, "pid": os.getpid(), "threads": threads()})
     try:
         server.serve(starter)
     except OSError:
