@@ -26,9 +26,10 @@ class Cells:
         self.kc = kc
 
     def run(self, code: str, *, timeout: float = 90, interrupt_after: str | None = None,
-            kernel_pid: int | None = None) -> tuple[str, dict]:
+            kernel_pid: int | None = None, before_interrupt=None) -> tuple[str, dict]:
         """The cell's stream output and its execute reply; with interrupt_after, the
-        kernel gets SIGINT once that text has been printed."""
+        kernel gets SIGINT once that text has been printed (and before_interrupt(), if
+        given, has returned)."""
         msg_id = self.kc.execute(code)
         text, deadline = [], time.monotonic() + timeout
         interrupted = interrupt_after is None
@@ -42,6 +43,8 @@ class Cells:
             if msg["msg_type"] == "stream":
                 text.append(msg["content"]["text"])
                 if not interrupted and interrupt_after in "".join(text):
+                    if before_interrupt is not None:
+                        before_interrupt()
                     os.kill(kernel_pid, signal.SIGINT)  # what Jupyter's interrupt button sends
                     interrupted = True
             elif msg["msg_type"] == "error":
@@ -159,10 +162,40 @@ def test_collectives_that_do_not_match_are_a_hang_with_each_ranks_line(cells):
     assert "cell 9 finished" in out, out
 
 
+def _blocked_in_the_kernel(pid: int, for_s: float = 0.3, within_s: float = 20) -> None:
+    """Wait until pid's main thread has waited on a futex for for_s without a break:
+    inside a collective's wait, where a signal is only noted, not acted on. Between its
+    print and that wait a rank would still raise KeyboardInterrupt (1 interrupt in 3
+    came back that way when the test sent it right after the print)."""
+    deadline, since = time.monotonic() + within_s, None
+    while time.monotonic() < deadline:
+        waiting = _in_futex(pid)
+        now = time.monotonic()
+        since = (since or now) if waiting else None
+        if since is not None and now - since >= for_s:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"rank 0 (pid {pid}) never waited in the collective")
+
+
+FUTEX = {"x86_64": "202", "aarch64": "98"}  # its syscall number, where wchan says nothing
+
+
+def _in_futex(pid: int) -> bool:
+    with open(f"/proc/{pid}/wchan") as f:
+        where = f.read()
+    if where not in ("", "0"):
+        return "futex" in where
+    with open(f"/proc/{pid}/syscall") as f:
+        return f.read().split(" ")[0] == FUTEX.get(os.uname().machine)
+
+
 def test_stop_during_a_stuck_collective_then_a_working_cell(cells):
+    pids = eval(cells.value("__import__('labutils.run.world').run.world.current().pids"))  # noqa: S307
     out, reply = cells.run("%%ranks\nprint('in', flush=True)\nif rank == 0:\n"
                            "    dist.all_reduce(torch.ones(1))",
-                           interrupt_after="[rank 0] in", kernel_pid=cells.kernel_pid)
+                           interrupt_after="[rank 0] in", kernel_pid=cells.kernel_pid,
+                           before_interrupt=lambda: _blocked_in_the_kernel(pids[0]))
     assert reply["content"]["ename"] == "KeyboardInterrupt", out
     assert "rank 0 did not come back from the interrupt" in out, out
     out, _ = cells.run("%%ranks\nworld_size")
@@ -197,11 +230,14 @@ def test_nothing_is_left_when_the_kernel_restarts_or_dies(tmp_path, how):
         c.kernel_pid = int(c.value("__import__('os').getpid()"))
         pids = _world_pids(c)
         assert len(pids) >= 5  # a server or keeper, an agent, two ranks
+        socket_dir = c.value("__import__('labutils.run.world').run.world.current()._sock_dir").strip("'")
+        assert os.path.isdir(socket_dir)
         if how == "restart":
             km.restart_kernel(now=True)
         else:
             os.kill(c.kernel_pid, signal.SIGKILL)
         _all_gone(pids)
+        assert not os.path.exists(socket_dir)  # the keeper removed it: the kernel could not
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -48,9 +48,15 @@ def _sees(result, ignore=PER_PROCESS) -> dict[int, dict]:
 
 
 def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch):
+    # The server is started in another folder, without the run's TMPDIR: what the rank
+    # reads from its folder and environment must be the run's, not the server's.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    warm.server_for({**os.environ, "OMP_NUM_THREADS": "1"})
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "tmp").mkdir()
     kwargs = dict(args=["--spawn", "--lr", "0.1"], display="none",
-                  env={"WHAT_A_RANK_SEES": "given"})
+                  env={"WHAT_A_RANK_SEES": "given", "TMPDIR": str(tmp_path / "tmp")})
     cold = launch(SEES, 2, warm=False, **kwargs)
     hot = launch(SEES, 2, **kwargs)
     assert (cold.start, hot.start) == ("cold", "warm") and cold.start_reason == "warm=False"
@@ -64,6 +70,10 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     assert seen["sigterm"] == str(signal.SIG_DFL) and seen["blocked"] == []
     assert seen["workers"] == [[0, 1, 4], [9, 16, 25]] and seen["spawned"] == [1, 4, 9]
     assert seen["stdin"] == "" and seen["stdout_write_through"]
+    # read from the run's environment and its folder, not fixed when the server started
+    assert seen["tmpdir"] == str(tmp_path / "tmp")
+    assert seen["inductor_cache"].startswith(str(tmp_path / "tmp"))
+    assert seen["debug_dir"] == str(tmp_path / "torch_compile_debug")
     # Seeded per process, as an interpreter and torch seed them: every rank and run differs.
     records = [r for res in (hot, launch(SEES, 2, display="none")) for r in res.records]
     for key in ("rand", "torch_seed", "torch_draw"):

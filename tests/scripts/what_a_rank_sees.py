@@ -1,11 +1,13 @@
 """Reports what a rank sees of its own process, for comparing a warm start with a cold
 one (tests/run/test_warm.py): each value must be the same whichever way the rank started."""
+import locale
 import logging
 import multiprocessing
 import os
 import random
 import signal
 import sys
+import tempfile
 import warnings
 
 import torch
@@ -34,6 +36,13 @@ if __name__ == "__main__":
     torch.set_default_dtype(torch.float64)
     workers = list(DataLoader(list(range(6)), batch_size=3, num_workers=2, collate_fn=collate))
     spawned = None
+    filters = len(warnings.filters)  # before the script imports anything of its own
+    umask = os.umask(0)
+    os.umask(umask)
+    import torch._dynamo  # what DDP's constructor imports
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    debug_dir, inductor_cache = torch._dynamo.config.debug_dir_root, cache_dir()
     if "--spawn" in sys.argv:  # fresh interpreters that import this script: slow, asked for
         with multiprocessing.get_context("spawn").Pool(2) as pool:
             spawned = pool.map(square, [1, 2, 3])
@@ -50,7 +59,10 @@ if __name__ == "__main__":
         stdout_write_through=sys.stdout.write_through, stdin=sys.stdin.read(),
         leaked=leaked, dtype_before=str(before), workers=workers, spawned=spawned,
         world=dist.get_world_size(), log_handlers=len(logging.getLogger().handlers),
-        log_level=logging.getLogger().level, warning_filters=len(warnings.filters), rand=random.random(),
+        log_level=logging.getLogger().level, warning_filters=filters, rand=random.random(),
         torch_seed=torch.initial_seed(), torch_draw=draw,
+        tmpdir=tempfile.gettempdir(), umask=umask, flags=list(sys.flags),
+        encodings=[sys.stdout.encoding, sys.getfilesystemencoding(), locale.getpreferredencoding(False)],
+        path=sys.path, env=sorted(os.environ), debug_dir=debug_dir, inductor_cache=inductor_cache,
     )
     dist.destroy_process_group()

@@ -191,7 +191,7 @@ class World:
         with the run's headline if they could not)."""
         if self.run is not None:
             return self
-        self._sock_dir = tempfile.mkdtemp(prefix="labutils-world-")
+        self._sock_dir = tempfile.mkdtemp(prefix=runfiles.WORLD_SOCKET_PREFIX)
         path = os.path.join(self._sock_dir, "s")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)

@@ -11,7 +11,8 @@ The keeper then only waits. When the agent exits, when it is asked to stop
 (SIGTERM, SIGINT or SIGHUP: the launcher's stop) or when the process that started
 it dies (it is re-parented: a kernel killed with -9, a CLI killed), it ends every
 process left in its tree (SIGTERM, then SIGKILL after a grace period) and exits
-the way the agent did. So a run leaves nothing behind in any ending short of a
+the way the agent did; when its starter died, it also removes what that caller
+would have (a persistent world's socket folder). So a run leaves nothing behind in any ending short of a
 SIGKILL of the keeper itself; the ranks also die with the agent, and the agent
 with the keeper (see worker.py), so even then no rank outlives it.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,6 +39,8 @@ from labutils.runtime.runfiles import (
     ENV_AGENT_PID,
     ENV_PARENT_PID,
     ENV_RUN_DIR,
+    ENV_WORLD_SOCKET,
+    WORLD_SOCKET_PREFIX,
     EventWriter,
     endings_path,
 )
@@ -152,6 +156,14 @@ def end_tree(agent: int, *, stopping: bool) -> int | None:
     return _reap(agent) if status is None else status
 
 
+def remove_world_socket() -> None:
+    """Remove the folder of a persistent world's socket, which its caller (now gone: a
+    kernel killed or restarted) would have removed when the world ended."""
+    path = os.environ.get(ENV_WORLD_SOCKET)
+    if path and os.path.basename(os.path.dirname(path)).startswith(WORLD_SOCKET_PREFIX):
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def _exit_like(status: int | None, stop_signal: int | None) -> None:
     """Leave with the agent's exit status: its code, or death by its signal."""
     if status is not None and os.WIFEXITED(status):
@@ -189,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         if stop is not None:
             break
     reaped = end_tree(agent, stopping=stop is not None)
+    if os.getppid() != starter:
+        remove_world_socket()
     _exit_like(status if status is not None else reaped, stop)
 
 

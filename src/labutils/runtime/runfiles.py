@@ -66,6 +66,8 @@ ENV_LINK = "LABUTILS_LINK"
 # The Unix socket of a persistent world's caller (labutils.run.world): every rank of the
 # world connects to it and runs the cells it is sent (runtime/cells.py).
 ENV_WORLD_SOCKET = "LABUTILS_WORLD_SOCKET"
+# ...in a private folder of this name; a keeper whose caller died removes it (runtime/agent.py)
+WORLD_SOCKET_PREFIX = "labutils-world-"
 # Read by the launcher and the display:
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"  # where run folders go when launch() gets no log_dir
 ENV_DISPLAY = "LABUTILS_DISPLAY"  # what display="auto" means ("text" under the grader)

@@ -43,6 +43,7 @@ import socket
 import sys
 import traceback
 import warnings
+from typing import Any
 
 from labutils.runtime import agent
 
@@ -72,6 +73,22 @@ def returncode(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+def read_again() -> None:
+    """Recompute, in a keeper now in its run's folder and environment, what the server
+    computed from its own when it imported torch: a process started there would read
+    them afresh. The temporary folder (tempfile caches it, and importing torch._dynamo
+    asked for it: TMPDIR, and torch's compile cache under it), multiprocessing's
+    starting folder, and the folder TORCH_COMPILE_DEBUG writes to (the current one)."""
+    import multiprocessing.process
+    import tempfile
+
+    tempfile.tempdir = None
+    multiprocessing.process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
+    dynamo_config: Any = sys.modules.get("torch._dynamo.config")
+    if dynamo_config is not None and hasattr(dynamo_config, "default_debug_dir_root"):
+        dynamo_config.debug_dir_root = dynamo_config.default_debug_dir_root()
+
+
 def start_keeper(request: dict, conn: socket.socket) -> int:
     """Fork a keeper for one agent of a run; its pid."""
     pid = os.fork()
@@ -90,6 +107,7 @@ def start_keeper(request: dict, conn: socket.socket) -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        read_again()
         agent.main(request["argv"])
         code = 0
     except SystemExit as exc:  # the torchrun agent (the keeper's child) ending
