@@ -165,8 +165,9 @@ def test_collectives_that_do_not_match_are_a_hang_with_each_ranks_line(cells):
 def _blocked_in_the_kernel(pid: int, for_s: float = 0.3, within_s: float = 20) -> None:
     """Wait until pid's main thread has waited on a futex for for_s without a break:
     inside a collective's wait, where a signal is only noted, not acted on. Between its
-    print and that wait a rank would still raise KeyboardInterrupt (1 interrupt in 3
-    came back that way when the test sent it right after the print)."""
+    print and that wait a rank still raises KeyboardInterrupt: sent right after the
+    print, the interrupt came back that way in 3 of 7 runs of this file in a row (and
+    in none of 16 later ones: it depends on the moment)."""
     deadline, since = time.monotonic() + within_s, None
     while time.monotonic() < deadline:
         waiting = _in_futex(pid)
