@@ -49,11 +49,9 @@ def pytest_generate_tests(metafunc):
 
 
 def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:
-    # TMPDIR: a DataLoader worker killed by a signal leaves its multiprocessing folder
-    # (pymp-*) behind, as it would under torchrun; here it is left in the test's folder
     result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
                     hang_timeout=4 if how == "stuck" else 30, timeout=90,
-                    log_dir=tmp_path, warm=warm, env={"TMPDIR": str(tmp_path)})
+                    log_dir=tmp_path, warm=warm)
     assert result.to_json()["start"] == ("warm" if warm else "cold")
     return result.to_json()
 

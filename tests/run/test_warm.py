@@ -55,6 +55,9 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     warm.server_for({**os.environ, "OMP_NUM_THREADS": "1"})
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tmp").mkdir()
+    # where torch's compile cache goes when the caller has not set it (a caller that
+    # built a DDP model has: importing torch._dynamo writes torch's default into it)
+    monkeypatch.delenv(warm.INDUCTOR_CACHE, raising=False)
     kwargs = dict(args=["--spawn", "--lr", "0.1"], display="none",
                   env={"WHAT_A_RANK_SEES": "given", "TMPDIR": str(tmp_path / "tmp")})
     cold = launch(SEES, 2, warm=False, **kwargs)

@@ -65,6 +65,17 @@ def test_quitting_the_debugger_ends_the_run_and_leaves_no_process(runs_dir):
     assert _gone(summary)
 
 
+def test_a_deep_temporary_folder_still_gives_the_rank_a_debugger(runs_dir):
+    """A rank's debugger listens on a Unix socket in the temporary folder; a TMPDIR so
+    deep that the socket's path is over 107 bytes once failed the rank with "AF_UNIX
+    path too long" instead of stopping it at the breakpoint."""
+    deep = runs_dir / ("a-deep-temporary-folder-" * 4)
+    deep.mkdir(parents=True)
+    code, out, summary = _cli("q\n", runs_dir=runs_dir, env={"TMPDIR": str(deep)})
+    assert code == 1 and summary["failure"]["exc_type"] == "BdbQuit", out
+    assert "AF_UNIX" not in out
+
+
 @pytest.mark.parametrize("how", ["warm", "cold"])
 def test_torch_distributed_breakpoint_reaches_the_console_too(runs_dir, how):
     """Warm ranks have torch.distributed already imported; cold ones import it later."""

@@ -39,7 +39,6 @@ import selectors
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from labutils.errors import LaunchConfigError
+from labutils.run.crash import thread_exception
 from labutils.run.diagnosis import Failure
 from labutils.run.display import Display, make_display
 from labutils.run.follow import POLL_S, TICK_S, Run
@@ -61,6 +61,7 @@ START_TIMEOUT_S = 120.0  # every rank has joined and said hello (a loaded machin
 VICTIM_WAIT_S = 2.0  # after a rank's cell raised: how long the others may stay silent
 INTERRUPT_GRACE_S = 3.0  # after SIGINT: how long the ranks have to come back
 STOP_GRACE_S = 10.0
+STDERR_KEPT = 200  # lines of each rank's stderr in a cell, read for a thread's exception
 
 
 class WorldError(RuntimeError):
@@ -83,6 +84,7 @@ class _Router(Display):
         self.target: Display | None = None
         self.early: list[tuple[str, tuple]] = []  # between cells, for the next one
         self.counts: dict[tuple[int, str], int] = {}  # (rank, stream) -> lines, this cell
+        self.stderr: dict[int, list[str]] = {}  # rank -> its last lines of stderr, this cell
 
     def _send(self, what: str, *args) -> None:
         if self.target is None:
@@ -93,6 +95,10 @@ class _Router(Display):
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
         key = (rank, stream)
         self.counts[key] = self.counts.get(key, 0) + len(lines)
+        if stream == "stderr":
+            kept = self.stderr.setdefault(rank, [])
+            kept += lines
+            del kept[:-STDERR_KEPT]
         self._send("lines", rank, stream, lines)
 
     def record(self, rank: int, values: dict) -> None:
@@ -114,7 +120,7 @@ class _Router(Display):
     def attach(self, display: Display | None) -> None:
         self.target = display
         if display is not None:
-            self.counts = {}
+            self.counts, self.stderr = {}, {}
             for what, args in self.early:
                 getattr(display, what)(*args)
             self.early.clear()
@@ -191,7 +197,7 @@ class World:
         with the run's headline if they could not)."""
         if self.run is not None:
             return self
-        self._sock_dir = tempfile.mkdtemp(prefix=runfiles.WORLD_SOCKET_PREFIX)
+        self._sock_dir = runfiles.socket_folder(runfiles.WORLD_SOCKET_PREFIX, "s")
         path = os.path.join(self._sock_dir, "s")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
@@ -564,7 +570,11 @@ class _Cell:
         elif raised:
             first = raised[0]
             err = self.replies[first]["error"]
-            failure = Failure(rank=first, exc_type=err["exc_type"], message=err["message"],
+            message = err["message"]
+            if err["exc_type"] == "SystemExit":  # as a run that exits says (run/crash.py)
+                thread = thread_exception("\n".join(world._router.stderr.get(first, [])) + "\n")
+                message += f", after {thread}" if thread else ""
+            failure = Failure(rank=first, exc_type=err["exc_type"], message=message,
                               file=err["file"], line=err["line"], traceback=err["traceback"],
                               source=err.get("source", ""), victims=self.victims,
                               also_failed=raised[1:])

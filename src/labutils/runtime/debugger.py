@@ -31,7 +31,6 @@ import select
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -51,8 +50,11 @@ class Listener:
 
     def accept(self) -> socket.socket:
         """Open the socket, say where it is, wait for the console (the rank pauses here)."""
-        self.folder = tempfile.mkdtemp(prefix="labutils-debug-")
-        path = os.path.join(self.folder, f"rank{self.rank}.sock")
+        from labutils.runtime.runfiles import socket_folder
+
+        name = f"rank{self.rank}.sock"
+        self.folder = socket_folder("labutils-debug-", name)
+        path = os.path.join(self.folder, name)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
         self.sock.listen(1)

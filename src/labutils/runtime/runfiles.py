@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 # Every LABUTILS_* environment variable, here and nowhere else.
@@ -153,6 +154,20 @@ def node_summary_path(run_dir: str | os.PathLike, node: str) -> Path:
     """The summary one node's launcher writes when it is done (summary.json is the
     single-machine run's, or the scheduler view's)."""
     return Path(run_dir) / f"summary-{node}.json"
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path holds 108 with the NUL)
+
+
+def socket_folder(prefix: str, name: str) -> str:
+    """A new private folder (0700) for a Unix socket called name: in the temporary
+    folder (TMPDIR), or in /tmp when the socket's path there would be too long to bind
+    (a deep TMPDIR: "AF_UNIX path too long")."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    if len(os.fsencode(os.path.join(folder, name))) <= SOCKET_PATH_MAX:
+        return folder
+    os.rmdir(folder)
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, sync: bool = False) -> None:
