@@ -2,8 +2,8 @@
 
 Two code paths give a verdict: a run's ending (run/outcome.py, from the ranks' events,
 exit statuses and stderr) and a cell's (run/world.py, from each rank's reply to the
-cell, falling back on the run's own ending when a rank's process died). Each ending of
-tests/scripts/endings.py that a cell can have runs both ways here, rank 1 of 2 failing
+cell, falling back on the run's own ending when a rank's process died). Endings of
+tests/scripts/endings.py, one for each of those paths, run both ways here, rank 1 of 2 failing
 while rank 0 goes on into a barrier, and the two verdicts must name the same root
 cause: the rank, its exception or signal, the line it ended at, and the same victims
 (or the same hang). What differs by design: a cell that raises SystemExit ends the
@@ -23,25 +23,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FAILING = 1
 # how -> the statement rank 1 ends with, as endings.py has it (None: the whole line is
-# a collective every rank calls)
+# a collective every rank calls). One ending for each way a cell's verdict is made: the
+# cell raised (an exception; SystemExit, alone or after a thread's exception), the
+# rank's process ended (an exit without an exception; a fatal signal at a line; a C++
+# std::terminate), or the cell hung. The endings table (test_endings.py) checks the
+# rest of them, which take these same paths, for runs.
 IN_A_CELL = {
     "exception": "raise ValueError('the batch is empty')",
-    "syntax_error": "exec(compile('steps = (1, 2', 'config.py', 'exec'))",
     "sys_exit": "sys.exit(3)",
     "thread_error": "worker = threading.Thread(target=fail_in_a_thread); worker.start(); "
                     "worker.join(); sys.exit(1)",
-    "return_early": "sys.exit(0)",
     "os_exit": "os._exit(3)",
-    "abort": "os.abort()",
     "segfault": "ctypes.string_at(0)",
-    "sigkill": "subprocess.run(['kill', '-KILL', str(os.getpid())]); time.sleep(60)",
     "size_mismatch": None,
     "stuck": "while True: time.sleep(0.2)",
 }
 # endings that end the rank's process: the whole verdict is the run's
-PROCESS_ENDS = {"os_exit", "abort", "segfault", "sigkill", "size_mismatch"}
-EXITS = {"sys_exit": 3, "thread_error": 1, "return_early": 0}
-HEAD = """import ctypes, os, subprocess, sys, threading, time
+PROCESS_ENDS = {"os_exit", "segfault", "size_mismatch"}
+EXITS = {"sys_exit": 3, "thread_error": 1}
+HEAD = """import ctypes, os, sys, threading, time
 def fail_in_a_thread():
     raise RuntimeError('the loader thread failed')
 dist.all_reduce(torch.ones(4))
@@ -90,7 +90,7 @@ def test_a_cell_and_a_run_name_the_same_root_cause(how, world, tmp_path):
             {k: v for k, v in w.items() if k != "where"}, (f, w)
     elif how in EXITS:
         code = EXITS[how]
-        after = w["message"].partition(f"exit code {code}")[2] if how != "return_early" else ""
+        after = w["message"].partition(f"exit code {code}")[2]
         assert (f["message"], f["exit_code"]) == (f"{code}{after}", None), (f, w)
     else:
         assert (f["kind"], f["message"]) == (w["kind"], w["message"]), (f, w)
