@@ -12,9 +12,10 @@ The keeper then only waits. When the agent exits, when it is asked to stop
 it dies (it is re-parented: a kernel killed with -9, a CLI killed), it ends every
 process left in its tree (SIGTERM, then SIGKILL after a grace period) and exits
 the way the agent did; when its starter died, it also removes what that caller
-would have (a persistent world's socket folder). So a run leaves nothing behind in any ending short of a
-SIGKILL of the keeper itself; the ranks also die with the agent, and the agent
-with the keeper (see worker.py), so even then no rank outlives it.
+would have (a persistent world's socket folder). So a run leaves nothing behind in
+any ending short of a SIGKILL of the keeper itself; the ranks also die with the
+agent, and the agent with the keeper (see worker.py), so even then no rank
+outlives it.
 
 The keeper imports only the standard library and labutils.runtime, and forks
 before any thread exists: forking a single-threaded process is safe.
