@@ -192,7 +192,7 @@ def _in_futex(pid: int) -> bool:
 
 
 def test_stop_during_a_stuck_collective_then_a_working_cell(cells):
-    pids = eval(cells.value("__import__('labutils.run.world').run.world.current().pids"))  # noqa: S307
+    pids = _rank_pids(cells)
     out, reply = cells.run("%%ranks\nprint('in', flush=True)\nif rank == 0:\n"
                            "    dist.all_reduce(torch.ones(1))",
                            interrupt_after="[rank 0] in", kernel_pid=cells.kernel_pid,
@@ -216,10 +216,14 @@ def test_a_rank_that_dies_in_a_cell_is_the_root_cause_and_the_world_restarts(cel
 def _world_pids(c: Cells) -> list[int]:
     import psutil
 
-    now = c.value("getattr(__import__('labutils.run.world').run.world.current(), 'pids', {})")
-    ranks = eval(now)  # noqa: S307 - a dict's repr printed by the test's own kernel
     kernel = psutil.Process(c.kernel_pid)
-    return list(ranks.values()) + [p.pid for p in kernel.children(recursive=True)]
+    return list(_rank_pids(c).values()) + [p.pid for p in kernel.children(recursive=True)]
+
+
+def _rank_pids(c: Cells) -> dict[int, int]:
+    """rank -> pid of the kernel's current world ({} without one)."""
+    now = c.value("getattr(__import__('labutils.run.world').run.world.current(), 'pids', {})")
+    return eval(now)  # noqa: S307 - a dict's repr printed by the test's own kernel
 
 
 @pytest.mark.parametrize("how", ["restart", "sigkill"])

@@ -42,6 +42,13 @@ def thread_exception(stderr: str) -> str:
     return f"thread {name} raised {error.strip()}"
 
 
+def after_thread(message: str, stderr: str) -> str:
+    """message, followed by the thread whose exception stderr shows, if any: what a
+    rank that exited (or a cell that raised SystemExit) ended after."""
+    raised = thread_exception(stderr)
+    return f"{message}, after {raised}" if raised else message
+
+
 def read_crash(stderr: str) -> tuple[str, list[Frame]]:
     """The C++ error and the Python stack of a rank that crashed.
 
@@ -69,9 +76,7 @@ def explain_crash(failure: Failure, stderr: str) -> None:
     """Give a failure found only by its signal (no exception event) the crash's message,
     the script's line it happened at and that thread's stack, where stderr has them."""
     if failure.kind == "exit":
-        raised = thread_exception(stderr)
-        if raised:
-            failure.message = f"{failure.message}, after {raised}"
+        failure.message = after_thread(failure.message, stderr)
         return
     message, frames = read_crash(stderr)
     at = next((fr for fr in frames if not is_library(fr.file)), None)

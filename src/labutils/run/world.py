@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from labutils.errors import LaunchConfigError
-from labutils.run.crash import thread_exception
+from labutils.run.crash import after_thread
 from labutils.run.diagnosis import Failure
 from labutils.run.display import Display, make_display
 from labutils.run.follow import POLL_S, TICK_S, Run
@@ -572,8 +572,7 @@ class _Cell:
             err = self.replies[first]["error"]
             message = err["message"]
             if err["exc_type"] == "SystemExit":  # as a run that exits says (run/crash.py)
-                thread = thread_exception("\n".join(world._router.stderr.get(first, [])) + "\n")
-                message += f", after {thread}" if thread else ""
+                message = after_thread(message, "\n".join(world._router.stderr.get(first, [])) + "\n")
             failure = Failure(rank=first, exc_type=err["exc_type"], message=message,
                               file=err["file"], line=err["line"], traceback=err["traceback"],
                               source=err.get("source", ""), victims=self.victims,
