@@ -114,6 +114,12 @@ def _attacks(lab: Path, out: Path) -> dict[str, str | None]:
                 except OSError as exc:
                     print("refused:", exc)
         """),
+        "temp_files": textwrap.dedent("""
+            import tempfile
+            from ipykernel import get_connection_file
+            print("kernel:", get_connection_file())
+            print("mine:", tempfile.mkstemp(suffix=".json")[1])
+        """),
         "fake_results": f"print({fake!r})\nprint('{{\"score\": 100}}')",
         "invalid_json": None,
     }
@@ -194,6 +200,15 @@ def test_adversarial_submissions_in_the_sandbox(tiny_lab, tmp_path):
     executed = nbformat.read(out / "write_outside" / "executed.ipynb", as_version=4)
     printed = "".join(o.get("text", "") for o in executed.cells[-1].outputs)
     assert "wrote" not in printed and printed.count("refused:") == 4
+    # Temporary files (the kernel's connection file too, which a killed papermill never
+    # removes) were in the grading's own folder, and went with it.
+    executed = nbformat.read(out / "temp_files" / "executed.ipynb", as_version=4)
+    printed = dict(line.split(": ", 1) for o in executed.cells[-1].outputs
+                   for line in o.get("text", "").splitlines())
+    for what in ("kernel", "mine"):
+        path = Path(printed[what])
+        assert any(p.name.startswith("labutils-grade-") for p in path.parents), (what, path)
+        assert not path.exists(), (what, path)
     sandbox = by["infinite_loop"]["sandbox"]
     assert "pid" in sandbox["namespaces"] and sandbox["network"] == "loopback only"
 

@@ -175,9 +175,14 @@ class Supervisor:
     # ----------------------------------------------------------------- phases
     def _env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("LC_")}
-        home = self.scratch / "home"
-        home.mkdir(parents=True, exist_ok=True)
+        home, temporary = self.scratch / "home", self.scratch / "tmp"
+        for folder in (home, temporary):
+            folder.mkdir(parents=True, exist_ok=True)
         env.update({
+            # temporary files (the kernel's connection file, the learner's own) stay in
+            # this grading's folder: counted by the disk limit, gone with the folder even
+            # when a submission kills the process that would have removed them
+            "TMPDIR": str(temporary),
             "HOME": str(home), "USER": "learner", "LOGNAME": "learner",
             "JUPYTER_RUNTIME_DIR": str(home / "jupyter-runtime"),
             "JUPYTER_DATA_DIR": str(home / "jupyter-data"),
