@@ -136,7 +136,7 @@ def test_every_pod_runs_torchrun_with_its_node_rank(monkeypatch):
 
 
 @pytest.mark.slow
-def test_fixed_job_commands_run_a_real_two_node_job_on_loopback():
+def test_fixed_job_commands_run_a_real_two_node_job_on_loopback(tmp_path):
     """Both pods' commands, as the kubelet would start them, on this machine: 2 nodes x 1 rank."""
     m = job(nnodes=2, nproc=1)
     with socket.socket() as s:  # the Master's Service name resolves only in a cluster
@@ -151,7 +151,9 @@ def test_fixed_job_commands_run_a_real_two_node_job_on_loopback():
                 "MASTER_PORT": port, "PET_MASTER_PORT": port}
             command = expanded(container["command"], env)
             command[0] = str(Path(sys.executable).with_name("torchrun"))
-            procs.append(subprocess.Popen(command, cwd=REPO, env=base | env, text=True,
+            # a pod's /tmp is its own; here plain torchrun's log folder goes to the test's
+            procs.append(subprocess.Popen(command, cwd=REPO, env=base | env | {"TMPDIR": str(tmp_path)},
+                                          text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           start_new_session=True))
         outputs = [p.communicate(timeout=120)[0] for p in procs]

@@ -27,6 +27,16 @@ from slurm_fixture import SCRIPTS, slurm_cluster  # noqa: F401  (the session's l
 PYTHON = sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _nodes_temporary_folder(tmp_path, monkeypatch):
+    """A job's nodes get the submitter's environment (sbatch --export=ALL): plain torchrun
+    makes its log folder in TMPDIR, so the jobs here leave theirs in the test's folder,
+    not in the machine's /tmp."""
+    folder = tmp_path / "nodes-tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+
+
 # --- the script, without a cluster ----------------------------------------------------------
 
 def test_sbatch_script_structure():
