@@ -92,6 +92,42 @@ def test_a_different_traceback_is_shown_in_full(other):
     assert f"[rank 1] {other[-1].replace(GLOO, '[.../third_party/gloo/gloo/transport/tcp/pair.cc:553]')}\n" in shown
 
 
+def test_a_repeat_whose_message_says_something_else_shows_its_message():
+    """Two ranks' mismatch errors share their frames, and their messages differ only in
+    numbers; but the numbers are what they say (each rank's own shape), so the second
+    rank's message is shown under a line that names the traceback it shares."""
+    def mismatch(me: int, other: int, mine: int, theirs: int) -> list[str]:
+        return traceback_lines(me, error=(
+            f"RuntimeError: Detected mismatch between collectives on ranks. Rank {me} is "
+            f"running collective: TensorShape=[{mine}], but Rank {other} is running "
+            f"collective: TensorShape=[{theirs}]."))
+
+    d, _, err = display()
+    d.lines(1, "stderr", mismatch(1, 0, 8, 1))
+    d.lines(0, "stderr", mismatch(0, 1, 1, 8))
+    d.finish(failed_run(1, "x", ""))
+    shown = err.getvalue()
+    assert shown.count("Traceback (most recent call last):") == 1
+    assert "the same traceback" not in shown
+    assert ("[rank 0] RuntimeError: a traceback like rank 1's above, with a message of its own "
+            "(6 lines, in runs/r1/rank0/stderr.log):\n[rank 0] RuntimeError: Detected mismatch "
+            "between collectives on ranks. Rank 0 is running collective: TensorShape=[1]") in shown
+    assert d.repeats == 1
+
+
+@pytest.mark.parametrize("noise", [
+    ("[127.0.0.1]:38000", "[127.0.0.1]:38001"), ("10.1.2.3:29500", "10.1.2.4:29511"),
+    ("pid 4242", "pid 4250"), ("0x7f3a2c", "0x7f3b10"), ("localhost:1234", "localhost:1240"),
+])
+def test_a_repeat_whose_message_differs_in_addresses_or_pids_only_is_one_line(noise):
+    d, _, err = display()
+    for rank, value in enumerate(noise):
+        d.lines(rank, "stderr", traceback_lines(rank, error=f"RuntimeError: lost {value}, step 3"))
+    d.finish(failed_run(0, "x", ""))
+    assert err.getvalue().endswith("[rank 1] RuntimeError: the same traceback as rank 0's above "
+                                   "(6 lines, in runs/r1/rank1/stderr.log)\n")
+
+
 def test_a_repeat_cut_short_is_shown_in_full():
     d, _, err = display()
     d.lines(0, "stderr", traceback_lines(0))
@@ -223,5 +259,16 @@ def test_a_real_run_shows_one_traceback_and_keeps_every_one_on_disk(runs_dir):
     assert "[.../third_party/gloo/gloo/transport/tcp/pair.cc:553]" in shown
     for r in result.ranks:  # the logs keep every line as the rank wrote it
         assert r.stderr.count("Traceback (most recent call last):") == 1
-        assert GLOO in r.stderr and f"on rank {r.rank}" in r.stderr
+        assert GLOO in r.stderr and f"[127.0.0.1]:{40000 + r.rank}" in r.stderr
         assert f"[rank {r.rank}] rank {r.rank} carried on" in out.getvalue()
+
+
+@pytest.mark.parametrize("others, said", [
+    ([2], "  rank 2 raised an error of its own too (see its stderr)"),
+    ([1, 3], "  ranks 1, 3 raised errors of their own too (see their stderr)"),
+])
+def test_the_summary_names_the_ranks_that_failed_on_their_own(others, said):
+    result = failed_run(0, "the batch is empty", "")
+    assert result.failure is not None
+    result.failure.also_failed = others
+    assert said in result.summary().splitlines()

@@ -1,4 +1,4 @@
-"""Every rank prints the same traceback (its own rank and port in the message) and ends
+"""Every rank prints the same traceback (its own port and pid in the message) and ends
 well; the message quotes a path of torch's build machine, as gloo's errors do."""
 import os
 import traceback
@@ -9,7 +9,7 @@ rank = int(os.environ["RANK"])
 def step():
     raise RuntimeError(f"[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                        f"Connection closed by peer [127.0.0.1]:{40000 + rank}\n"
-                       f"a second line of the message on rank {rank}")
+                       f"a second line of the message, from pid {os.getpid()}")
 
 
 try:

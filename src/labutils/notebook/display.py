@@ -42,7 +42,20 @@ HOLD_S = 1.0  # a possible repeat that stops growing this long is settled at the
 def _same_key(line: str) -> str:
     """A line as two ranks' copies of one error compare: numbers (ranks, ports,
     addresses) do not count."""
-    return re.sub(r"\d+", "#", line)
+    return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", line)
+
+
+# What differs between two ranks' copies of one message without changing what it says:
+# addresses and ports (each rank names its own peer), pids and memory addresses.
+_NOISE = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}(?:\]?:\d+)?|(?:localhost|\])\s?:\d+"
+                    r"|\bpid[ =:]?\s?\d+|0x[0-9a-fA-F]+")
+
+
+def _message_key(line: str) -> str:
+    """A line of an exception's message as two ranks' copies compare: the same when
+    only addresses, ports and pids differ. Other numbers count: a shape, a size or a
+    rank is what the message says ("Rank 1 is running ... TensorShape=[8]")."""
+    return _NOISE.sub("<>", line)
 
 
 def _block_kind(line: str) -> str | None:
@@ -59,6 +72,7 @@ class _Block:
     rank: int
     kind: str
     keys: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # as written (keys are for matching)
 
     @property
     def exception_at(self) -> int | None:
@@ -177,11 +191,12 @@ class TextDisplay(Display):
             if earlier:
                 self._held[rank] = _Candidate([line], earlier)
                 return
-            block = _Block(rank, kind, [key])
+            block = _Block(rank, kind, [key], [line])
             self._blocks.append(block)
             self._open[rank] = block
         elif block is not None:
             block.keys.append(key)
+            block.lines.append(line)
         self._write(rank, "stderr", [line])
 
     def _settle(self, rank: int) -> None:
@@ -190,7 +205,7 @@ class TextDisplay(Display):
         same = held.repeats()
         if same is None:
             kind = _block_kind(held.lines[0]) or "traceback"
-            block = _Block(rank, kind, [_same_key(ln) for ln in held.lines])
+            block = _Block(rank, kind, [_same_key(ln) for ln in held.lines], list(held.lines))
             self._blocks.append(block)
             self._open[rank] = block
             self._write(rank, "stderr", held.lines)
@@ -202,8 +217,17 @@ class TextDisplay(Display):
         whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
         log = os.path.join(relative_path(self._log_dir), f"rank{rank}", "stderr.log")
         self.repeats += 1
-        self._write(rank, "stderr", [f"{same.name(held.lines)}: the same {same.kind} as {whose} "
-                                     f"above ({len(held.lines)} lines, in {log})"])
+        at = cast(int, same.exception_at)
+        own = held.lines[at:]
+        if list(map(_message_key, own)) == list(map(_message_key, same.lines[at:at + len(own)])):
+            self._write(rank, "stderr", [f"{same.name(held.lines)}: the same {same.kind} as "
+                                         f"{whose} above ({len(held.lines)} lines, in {log})"])
+            return
+        # The same frames, but a message of its own: the message is what the rank says
+        # (its shape, its rank, its size), so it is shown.
+        self._write(rank, "stderr", [f"{same.name(held.lines)}: a {same.kind} like {whose} above, "
+                                     f"with a message of its own ({len(held.lines)} lines, in "
+                                     f"{log}):", *own])
 
     def _settle_all(self, *, idle_s: float = 0.0) -> None:
         now = time.monotonic()

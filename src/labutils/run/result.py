@@ -184,9 +184,11 @@ class RunResult:
                 message = message.strip().split("\n", 1)[0] + " [...]"
             lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {message}")
             lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
-            if f.also_failed:
-                who = "rank" if len(f.also_failed) == 1 else "ranks"
-                lines.append(f"  {who} {', '.join(map(str, f.also_failed))} raised errors of "
+            if len(f.also_failed) == 1:
+                lines.append(f"  rank {f.also_failed[0]} raised an error of its own too (see its "
+                             "stderr)")
+            elif f.also_failed:
+                lines.append(f"  ranks {', '.join(map(str, f.also_failed))} raised errors of "
                              "their own too (see their stderr)")
             if f.victims:
                 who = "rank" if len(f.victims) == 1 else "ranks"
