@@ -121,6 +121,8 @@ def test_two_nodes_one_display_global_ranks(hosts, job, tmp_path, capsys):
         assert result.cluster == {"hosts": 2, "mode": "namespaces", "reason": "", "link": None}
     else:
         assert "on this machine's loopback" in shown
+    # the cluster's one line, not node 0's rendezvous address and network interface
+    assert "node 0 of 2" not in shown and "ranks talk over" not in shown, shown
     assert not _leftovers(result.log_dir)
 
 

@@ -191,6 +191,8 @@ class VirtualCluster:
         job = prepare(script, nproc, node_rank=0, display=display,  # checks input
                       env=self._node_env(0, env), nnodes=self.hosts, rdzv_endpoint=endpoint,
                       rdzv_id=rdzv_id, log_dir=root, args=args, **launch_kwargs)
+        # one line for the whole cluster, not node 0's rendezvous address and interface
+        job.node_notes = False
         job.notes.append(f"virtual cluster: {self.describe()}")
         nodes: list[tuple[subprocess.Popen, IO[bytes]]] = []
         try:

@@ -86,6 +86,9 @@ class Run:
             output=[RankOutput(run_dir, r) for r in range(spec.world_size)],
             shared=spec.multinode or made.shared)
         self.notes: list[str] = []  # lines for the display once the run starts
+        # Say which node of a job this launcher is and which interface its ranks use;
+        # a virtual cluster turns it off and says what it is instead (cluster/virtual.py).
+        self.node_notes = True
         env, self._net_note = self._environment()
         self.request = RunRequest(commands=self.state.backend.commands, env=env, run_dir=run_dir,
                                   start=str(self.state.backend.startup))
@@ -136,9 +139,9 @@ class Run:
         if spec.local_agents > 1 and self.state.backend.agents:
             self.display.note(f"{spec.local_agents} agents (nodes) of {spec.nproc} rank(s) each "
                               f"join one rendezvous, --nnodes {spec.nnodes}")
-        if spec.multinode:
+        if spec.multinode and self.node_notes:
             self.display.note(_multinode_line(spec))
-        for line in ([net_note] if net_note else []) + self.notes:
+        for line in ([net_note] if net_note and self.node_notes else []) + self.notes:
             self.display.note(line)
         self.state.backend.start(env, logs, self.display.note)
         self._write_commands()
