@@ -272,3 +272,21 @@ def test_the_summary_names_the_ranks_that_failed_on_their_own(others, said):
     assert result.failure is not None
     result.failure.also_failed = others
     assert said in result.summary().splitlines()
+
+
+def test_the_profilers_start_and_stop_markers_are_not_shown():
+    """torch.profiler's C++ side writes two lines to stderr at every profile; the display
+    leaves them out (the rank's log keeps them), and nothing else that looks like them."""
+    d, _, err = display()
+    d.lines(0, "stderr", [
+        "USDT:2026-11-27 12:15:58 16774:16774 SyncActivityProfilerHandler.cpp:52] profiler_start",
+        "the step took 12 ms",
+        "USDT:2026-11-27 12:15:59 16774:16774 SyncActivityProfilerHandler.cpp:59] profiler_stop",
+        "STAGE:2026-11-27 12:15:59 16774:16774 SyncActivityProfilerHandler.cpp:60] Completed Stage: Collection",
+        "USDT: profiler_start is what kineto prints",
+    ])
+    assert err.getvalue().splitlines() == [
+        "[rank 0] the step took 12 ms",
+        "[rank 0] STAGE:2026-11-27 12:15:59 16774:16774 SyncActivityProfilerHandler.cpp:60] Completed "
+        "Stage: Collection",
+        "[rank 0] USDT: profiler_start is what kineto prints"]

@@ -10,8 +10,8 @@ end of the run shows that rank's last lines and where the complete log is. A
 traceback or a Python warning that repeats one shown before (another rank's, or the
 same rank's in an earlier attempt) is shown as one line that names the rank it
 repeats, and the summary at the end does not print a traceback shown above; torch's
-build paths are cut as machine paths are (runfiles.shorten_paths). The log files
-keep every line as the rank wrote it.
+build paths are cut as machine paths are, and the profiler's start and stop markers
+left out (runfiles.lines_to_show). The log files keep every line as the rank wrote it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TextIO, cast
 
 from labutils.run.display import Display
 from labutils.run.result import RunResult
-from labutils.runtime.runfiles import relative_path, shorten_paths
+from labutils.runtime.runfiles import lines_to_show, relative_path, shorten_paths
 
 __all__ = ["Display", "TextDisplay"]  # Display: the interface, defined with the engine
 
@@ -162,7 +162,7 @@ class TextDisplay(Display):
         # Stack dumps written from C (faulthandler on a crash) carry absolute paths, and
         # torch's C++ errors its build machine's: show them as the worker shows Python
         # tracebacks, so saved notebooks hold no machine paths.
-        lines = [shorten_paths(ln) for ln in lines]
+        lines = lines_to_show(lines)
         if stream != "stderr":
             self._write(rank, stream, lines)
             return

@@ -122,7 +122,9 @@ class WidgetDisplay(Display):
         display(self.root)
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
-        lines = [runfiles.shorten_paths(ln) for ln in lines]  # as the text display shows them
+        lines = runfiles.lines_to_show(lines)  # as the text display shows them
+        if not lines:
+            return
         if 0 <= rank < len(self.panes):
             pane = self.panes[rank]
             pane.output.add(rank, stream, lines)

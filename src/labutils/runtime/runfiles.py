@@ -265,6 +265,19 @@ def shorten_paths(text: str) -> str:
     return shorten_build_paths(text)
 
 
+# The profiler's own markers, written to stderr by torch's C++ profiler (kineto) at every
+# start and stop of torch.profiler.profile, whatever KINETO_LOG_LEVEL below 6 says:
+# "USDT:2026-11-27 12:15:58 16774:16774 SyncActivityProfilerHandler.cpp:52] profiler_start"
+_PROFILER_MARKER_RE = re.compile(r"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] profiler_(start|stop)$")
+
+
+def lines_to_show(lines: list[str]) -> list[str]:
+    """A rank's output lines as a display shows them: paths shortened (shorten_paths),
+    the profiler's start and stop markers left out (a timestamp, pids and a C++ file
+    that say nothing the learner did not ask for). The log files keep every line."""
+    return [shorten_paths(ln) for ln in lines if not _PROFILER_MARKER_RE.match(ln)]
+
+
 def encode_event(event: dict) -> bytes:
     """One event as one line of JSON (no newline inside, newline at the end)."""
     return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
