@@ -290,3 +290,19 @@ def test_the_profilers_start_and_stop_markers_are_not_shown():
         "[rank 0] STAGE:2026-11-27 12:15:59 16774:16774 SyncActivityProfilerHandler.cpp:60] Completed "
         "Stage: Collection",
         "[rank 0] USDT: profiler_start is what kineto prints"]
+
+
+def test_the_summary_says_whose_traceback_the_root_causes_was_shown_as():
+    """Both ranks raise the same error; rank 1's is shown as a repeat of rank 0's, and
+    rank 1 is the root cause: the summary points at rank 0's traceback."""
+    d, out, _ = display()
+    d.lines(0, "stderr", traceback_lines(0, error="OSError: [Errno 22] Invalid argument"))
+    d.lines(1, "stderr", traceback_lines(1, error="OSError: [Errno 22] Invalid argument"))
+    result = failed_run(1, "[Errno 22] Invalid argument", "Traceback ...")
+    result.failure.exc_type = "OSError"
+    d.finish(result)
+    assert "traceback of rank 1: like rank 0's, shown above" in out.getvalue().splitlines()
+    d, out, _ = display()
+    d.lines(1, "stderr", traceback_lines(1, error="OSError: [Errno 22] Invalid argument"))
+    d.finish(result)
+    assert "traceback of rank 1: shown above" in out.getvalue().splitlines()

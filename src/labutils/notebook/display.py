@@ -144,7 +144,8 @@ class TextDisplay(Display):
         self._blocks: list[_Block] = []            # tracebacks and warnings shown in full
         self._open: dict[int, _Block] = {}         # a rank's block still growing
         self._held: dict[int, _Candidate] = {}     # a rank's block that may be a repeat
-        self._exception_lines: dict[int, set[str]] = {}  # rank -> exception lines shown
+        # rank -> {exception line shown as a repeat: the rank whose traceback it repeats}
+        self._exception_lines: dict[int, dict[str, int]] = {}
         self.repeats = 0                           # blocks shown as one line
 
     @property
@@ -213,7 +214,7 @@ class TextDisplay(Display):
         if same.kind == "traceback":
             # repeats() returns only blocks whose exception line is known
             exception = held.lines[cast(int, same.exception_at)]
-            self._exception_lines.setdefault(rank, set()).add(_same_key(exception))
+            self._exception_lines.setdefault(rank, {})[_same_key(exception)] = same.rank
         whose = "its own earlier one" if same.rank == rank else f"rank {same.rank}'s"
         log = os.path.join(relative_path(self._log_dir), f"rank{rank}", "stderr.log")
         self.repeats += 1
@@ -237,11 +238,16 @@ class TextDisplay(Display):
     def shown_traceback(self, rank: int, exc_type: str, message: str) -> bool:
         """Whether this display showed (in full or as a repeat) rank's traceback of
         that exception."""
+        return self._shown_as(rank, exc_type, message) is not None
+
+    def _shown_as(self, rank: int, exc_type: str, message: str) -> int | None:
+        """The rank whose traceback was shown in full for rank's traceback of that
+        exception (rank itself, or the rank it repeats); None: not shown."""
         first = _same_key(shorten_paths(message.split("\n", 1)[0]))
-        shown = set(self._exception_lines.get(rank, ()))
-        shown.update(b.keys[b.exception_at] for b in self._blocks
-                     if b.rank == rank and b.kind == "traceback" and b.exception_at is not None)
-        return any(exc_type in k and first in k for k in shown)
+        shown = {b.keys[b.exception_at]: rank for b in self._blocks
+                 if b.rank == rank and b.kind == "traceback" and b.exception_at is not None}
+        shown.update(self._exception_lines.get(rank, {}))
+        return next((whose for k, whose in shown.items() if exc_type in k and first in k), None)
 
     # ------------------------------------------------------------- bounded output
     def _write(self, rank: int, stream: str, lines: list[str]) -> None:
@@ -297,7 +303,8 @@ class TextDisplay(Display):
         self.err.flush()
         if self.summary:
             f = result.failure
-            above = bool(f and f.traceback and f.rank not in self._hidden
-                         and self.shown_traceback(f.rank, f.exc_type, f.message))
-            self.out.write(result.summary(traceback_shown=above) + "\n")
+            whose = (self._shown_as(f.rank, f.exc_type, f.message)
+                     if f and f.traceback and f.rank not in self._hidden else None)
+            self.out.write(result.summary(traceback_shown=whose is not None,
+                                          traceback_like=whose) + "\n")
         self.out.flush()

@@ -157,13 +157,15 @@ class RunResult:
         return (f"{self.kind} {what}: {self.world_size} rank(s) in {self.duration_s:.1f} s{restarts}; "
                 f"logs in {runfiles.relative_path(self.log_dir)}")
 
-    def summary(self, *, traceback_shown: bool = False) -> str:
+    def summary(self, *, traceback_shown: bool = False, traceback_like: int | None = None) -> str:
         """The readable report: headline, per-rank states, failure or hang details.
 
         Args:
             traceback_shown: the root cause's traceback was printed just above (the
                 text display passes True when it showed it): refer to it instead of
                 printing it again, and keep only the first line of a long message.
+            traceback_like: the rank whose traceback was shown in full when the root
+                cause's was shown as a repeat of another rank's.
         """
         lines = [self.headline()]
         if self.ok and self.kind != "run":
@@ -194,7 +196,9 @@ class RunResult:
                 who = "rank" if len(f.victims) == 1 else "ranks"
                 lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because rank "
                              f"{f.rank} failed")
-            if f.traceback and traceback_shown:
+            if f.traceback and traceback_shown and traceback_like not in (None, f.rank):
+                lines.append(f"traceback of rank {f.rank}: like rank {traceback_like}'s, shown above")
+            elif f.traceback and traceback_shown:
                 lines.append(f"traceback of rank {f.rank}: shown above")
             elif f.traceback:
                 lines.append(f"traceback of rank {f.rank}:")
