@@ -285,24 +285,26 @@ def memory_text(dp: dict) -> str:
 
 def plot_lesson(threads: dict[str, dict], records: list[dict], steps: list[dict], by_n: dict[int, dict],
                 wire_records: list[dict]):
-    """Left: slowdown of replicas run at once, threads vs processes. Middle: the
-    MANY_SMALL_OPS step three ways. Right: bytes per step through device 0 vs a DDP rank."""
+    """Left: share of the time on a core of replicas run at once, threads vs processes.
+    Middle: the MANY_SMALL_OPS step three ways. Right: bytes per step through device 0
+    vs a DDP rank."""
     import matplotlib.pyplot as plt
 
     fig, (ax_gil, ax_step, ax_bytes) = plt.subplots(1, 3, figsize=(15, 4.3))
-    slow = slowdowns(threads, records)
+    runs = replicas_at_once_runs(threads, records)
     names = list(threads)
     width = 0.38
     for k, (how, color) in enumerate((("threads", "#d62728"), ("processes", "#1f77b4"))):
-        ratios = [slow[m, how] for m in names]
-        bars = ax_gil.bar([i + (k - 0.5) * width for i in range(len(names))], ratios, width,
+        shares = [runs[m, how]["on_core"] * 100 for m in names]
+        bars = ax_gil.bar([i + (k - 0.5) * width for i in range(len(names))], shares, width,
                           label=f"replicas on {how}", color=color)
-        ax_gil.bar_label(bars, fmt="%.2fx")
-    ax_gil.axhline(1.0, color="gray", lw=0.8)
+        ax_gil.bar_label(bars, fmt="%.0f%%")
+    ax_gil.axhline(100, color="gray", lw=0.8)
+    ax_gil.set_ylim(0, 125)
     ax_gil.set_xticks(range(len(names)), names)
-    ax_gil.set_ylabel("time of all at once / one alone")
-    ax_gil.set_title("running replicas at the same time")
-    ax_gil.legend(fontsize=8)
+    ax_gil.set_ylabel("% of the time on a core (median pass)")
+    ax_gil.set_title("replicas running at the same time: on a core")
+    ax_gil.legend(fontsize=8, loc="upper right", ncols=2)
 
     labels = ["one process", "DataParallel\n(threads)", "DDP\n(processes)"]
     bars = ax_step.bar(labels, [r["step_s"] * 1e3 for r in steps], color=["#7f7f7f", "#d62728", "#1f77b4"])

@@ -203,6 +203,12 @@ def fit_table(fits: dict, series: dict, *, world_size: int) -> str:
                           "algbw (MB/s)", "busbw (MB/s)"], rows, right=[1, 2, 3, 4, 5, 6]))
 
 
+def fit_text(fit) -> str:
+    """One alpha-beta fit in the fit table's units: ms, MB/s, KiB."""
+    return (f"alpha = {_num(fit.alpha_s * 1e3)} ms, beta = {_num(fit.beta_Bps / 1e6)} MB/s, "
+            f"n½ = {_num(fit.half_bandwidth_bytes / 2**10)} KiB")
+
+
 def busbw_ratio(series: dict, name: str, reference: str, size: int) -> float:
     """busbw of algorithm `name` over that of `reference` at `size` bytes (= their time ratio
     inverted: the same bytes and world size)."""

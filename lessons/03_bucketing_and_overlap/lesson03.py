@@ -326,7 +326,8 @@ def unused_indices(stderr: str) -> tuple[int, list[int]] | None:
 # ------------------------------------------------------------------ 7. hooks
 
 def hooks_table(records: Iterable[dict]) -> str:
-    """Per hook: bytes all-reduced per step (first and last step), error and time."""
+    """Per hook: bytes all-reduced per step (first and last step), error and the median
+    time of forward and backward."""
     rows = []
     base = None
     for rec in _part(records, "hooks"):
@@ -335,8 +336,8 @@ def hooks_table(records: Iterable[dict]) -> str:
         rows.append([rec["hook"], rec["bucket_cap_mb"], f"{sent[0] / MiB:.3f}", f"{sent[-1] / MiB:.3f}",
                      f"{base / sent[-1]:.0f}x", f"{rec['grad_rel_error']:.1e}",
                      f"{rec['weights_max_diff']:.1e}", f"{rec['seconds'] * 1e3:.0f}"])
-    return text_table(["hook", "cap (MiB)", "sent, step 1 (MiB)", "sent, last step (MiB)", "less",
-                       "gradient error", "weights vs allreduce", "backward (ms)"], rows,
+    return text_table(["hook", "cap (MiB)", "sent, step 0 (MiB)", "sent, last step (MiB)", "less",
+                       "gradient error", "weights vs allreduce", "forward + backward (ms)"], rows,
                       right=[1, 2, 3, 4, 5, 6, 7])
 
 

@@ -171,16 +171,27 @@ def clip_order(max_norm: float = 1.0, init_scale: float = 2.0 ** 16) -> str:
 
 
 def profile_reading(records: list[dict]) -> str:
-    """Per rank: the profiler's split of a step and the measured communication cost."""
-    rows = []
-    for r in sorted(records, key=lambda r: r["rank"]):
-        rows.append([r["rank"], r.get("forward_ms"), r.get("backward_ms"), r.get("optimizer_ms"),
-                     r.get("gloo:all_reduce_ms"), r.get("allreduce_calls"), r["step_ms"],
-                     r["no_comm_step_ms"],
-                     round(r["step_ms"] - r["no_comm_step_ms"], 2)])
-    return text_table(["rank", "forward", "backward", "optimizer", "all_reduce busy", "calls",
-                       "step", "step, no comm", "waiting for comm"], rows,
-                      right=list(range(1, 9)))
+    """The profiler's split of a step and the measured communication cost, one column per
+    rank. Each line says where its number comes from: the profiled steps (slowed down by
+    the profiler) or the steps timed without it."""
+    recs = sorted(records, key=lambda r: r["rank"])
+    profiled = f"profiled, mean of {recs[0].get('profiled_steps', '?')} steps"
+    timed = f"no profiler, median of {recs[0].get('timed_steps', '?')} steps"
+    lines = [
+        (f"forward, ms ({profiled})", "forward_ms"),
+        (f"backward, ms ({profiled})", "backward_ms"),
+        (f"optimizer, ms ({profiled})", "optimizer_ms"),
+        (f"all_reduce busy, ms ({profiled})", "gloo:all_reduce_ms"),
+        ("all_reduce calls per step (profiled)", "allreduce_calls"),
+        (f"step, ms ({timed})", "step_ms"),
+        (f"step, no comm, ms ({timed})", "no_comm_step_ms"),
+        ("waiting for comm, ms (step - step, no comm)", None),
+    ]
+    rows = [[label] + [round(r["step_ms"] - r["no_comm_step_ms"], 2) if key is None else r.get(key)
+                       for r in recs]
+            for label, key in lines]
+    return text_table(["per step"] + [f"rank {r['rank']}" for r in recs], rows,
+                      right=list(range(1, len(recs) + 1)))
 
 
 # ------------------------------------------------------------------------- scaling

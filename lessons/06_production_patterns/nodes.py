@@ -101,14 +101,18 @@ def refused_loopback(run) -> str:
 
 
 def first_error(run) -> str:
-    """The first rank's 'connectFullMesh failed' line, build paths shortened."""
+    """A rank's 'connectFullMesh failed' line, build paths shortened: the first rank that
+    was refused ("Connection refused"), else the first rank that raised it at all (a rank
+    whose peers gave up first fails with another message)."""
     from labutils.runtime.runfiles import shorten_build_paths
 
-    for r in run.ranks:
-        for line in r.stderr.splitlines():
-            if line.startswith("RuntimeError") and "connectFullMesh" in line:
-                return f"rank {r.rank}: {shorten_build_paths(line)}"
-    return "no rank raised connectFullMesh's error"
+    found = [(r.rank, line) for r in run.ranks for line in r.stderr.splitlines()
+             if line.startswith("RuntimeError") and "connectFullMesh" in line]
+    refused = [(rank, line) for rank, line in found if "Connection refused" in line]
+    if not (refused or found):
+        return "no rank raised connectFullMesh's error"
+    rank, line = (refused or found)[0]
+    return f"rank {rank}: {shorten_build_paths(line)}"
 
 
 def node_commands(script: str, *, nnodes: int, nproc: int, endpoint: str, rdzv_id: str,

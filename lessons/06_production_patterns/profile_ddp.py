@@ -49,7 +49,10 @@ def step(sync: bool = True) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def timed(sync: bool, n: int = 8) -> float:
+TIMED = 8
+
+
+def timed(sync: bool, n: int = TIMED) -> float:
     times = []
     for _ in range(n):
         torch.distributed.barrier()
@@ -84,5 +87,6 @@ without_comm = timed(sync=False)
 report(**{f"{k}_ms": round(v, 2) for k, v in totals.items()},
        allreduce_calls=calls.get("gloo:all_reduce", 0), step_ms=round(with_comm * 1e3, 2),
        no_comm_step_ms=round(without_comm * 1e3, 2),
-       grad_mb=round(sum(p.numel() for p in model.parameters()) * 4 / 2**20, 1))
+       grad_mb=round(sum(p.numel() for p in model.parameters()) * 4 / 2**20, 1),
+       profiled_steps=PROFILED, timed_steps=TIMED)
 torch.distributed.destroy_process_group()

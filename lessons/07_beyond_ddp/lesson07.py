@@ -35,8 +35,14 @@ def _rank0(records: Iterable[dict], part: str, **match) -> dict:
     return next(r for r in _part(records, part) if r["rank"] == 0 and all(r.get(k) == v for k, v in match.items()))
 
 
-def _bytes(n: float) -> str:
-    return f"{format_bytes(n)} ({int(n):,} B)"
+def _mib(n: float) -> str:
+    """Bytes in MiB, two decimals: one unit for a whole column, named in its header."""
+    return f"{n / 2**20:,.2f}"
+
+
+def _kib(n: float) -> str:
+    """Bytes in KiB, one decimal."""
+    return f"{n / 2**10:,.1f}"
 
 
 def rank_traffic(call: dict, *, world_size: int, rank: int) -> float:
@@ -76,12 +82,13 @@ def replica_table(records: Iterable[dict]) -> str:
          same["activations (input batch)"]],
     ]
     total = sum(row[1] for row in rows)
-    out = [[what, _bytes(got), formula, ("" if want is None else "matches" if want == got else f"differs ({want:,})"),
+    out = [[what, _mib(got), f"{got:,}", formula,
+            ("" if want is None else "matches" if want == got else f"differs ({want:,})"),
             "yes" if equal else "no"] for what, got, formula, want, equal in rows]
-    out.append(["total per rank", _bytes(total), "", "", ""])
-    head = f"N = {n:,} parameters in {tensors} tensors, {len(recs)} ranks\n"
-    return head + text_table(["what", "measured on rank 0", "formula", "formula vs measured",
-                              "same on every rank"], out)
+    out.append(["total per rank", _mib(total), f"{total:,}", "", "", ""])
+    head = f"N = {n:,} parameters in {tensors} tensors, {len(recs)} ranks; measured on rank 0\n"
+    return head + text_table(["what", "MiB", "bytes", "formula", "formula vs measured",
+                              "same on every rank"], out, right=[1, 2])
 
 
 def activation_table(records: Iterable[dict]) -> str:
@@ -89,8 +96,10 @@ def activation_table(records: Iterable[dict]) -> str:
     rows = []
     for r in _part(records, "activations"):
         if r["rank"] == 0:
-            rows.append([r["batch_size"], r["tokens"], _bytes(r["activations"]), f"{r['activations'] / r['tokens']:,.0f} B"])
-    return text_table(["batch size", "tokens", "saved for backward", "per token"], rows, right=[0, 1, 3])
+            rows.append([r["batch_size"], r["tokens"], _mib(r["activations"]), f"{r['activations']:,}",
+                         f"{r['activations'] / r['tokens']:,.0f}"])
+    return text_table(["batch size", "tokens", "saved for backward (MiB)", "(bytes)", "per token (bytes)"],
+                      rows, right=[0, 1, 2, 3, 4])
 
 
 def activation_parts(records: Iterable[dict]) -> str:
@@ -101,8 +110,9 @@ def activation_parts(records: Iterable[dict]) -> str:
     for part, nbytes in r0["activations_by_part"].items():
         per_token = nbytes / tokens
         floats = f"{per_token / 4 / width:.2f}" if part.startswith("blocks") else ""
-        rows.append([part, format_bytes(nbytes), f"{per_token:,.0f} B", floats])
-    return text_table(["part", "saved", "per token", "floats per token / width"], rows, right=[2, 3])
+        rows.append([part, _kib(nbytes), f"{per_token:,.0f}", floats])
+    return text_table(["part", "saved (KiB)", "per token (bytes)", "floats per token / width"], rows,
+                      right=[1, 2, 3])
 
 
 def block_saved(records: Iterable[dict]) -> str:
@@ -117,11 +127,11 @@ def zero_memory_table(records: Iterable[dict]) -> str:
     """Per run and rank: the optimizer state and the parameters the rank updates."""
     rows = []
     for r in _part(records, "run"):
-        rows.append([r["run"], r["rank"], _bytes(r["optimizer_state"]), r["owned_tensors"], format_bytes(r["owned_bytes"]),
-                     format_bytes(r["parameters"])])
+        rows.append([r["run"], r["rank"], _mib(r["optimizer_state"]), f"{r['optimizer_state']:,}", r["owned_tensors"],
+                     _mib(r["owned_bytes"]), _mib(r["parameters"])])
     rows.sort(key=lambda row: (list(dict.fromkeys(x["run"] for x in _part(records, "run"))).index(row[0]), row[1]))
-    return text_table(["run", "rank", "Adam state", "params updated", "their bytes", "params held"], rows,
-                      right=[1, 3])
+    return text_table(["run", "rank", "Adam state (MiB)", "(bytes)", "params updated", "their size (MiB)",
+                       "params held (MiB)"], rows, right=[1, 2, 3, 4, 5, 6])
 
 
 def zero_traffic_table(records: Iterable[dict], *, world_size: int) -> str:
@@ -134,10 +144,11 @@ def zero_traffic_table(records: Iterable[dict], *, world_size: int) -> str:
         ar_rank = busbw_factor("all_reduce", world_size) * ar
         bc = r["broadcasts"]
         bc_rank = sum(rank_traffic(c, world_size=world_size, rank=0) for c in bc)
-        rows.append([r["run"], f"{len(r['all_reduce_bytes'])} x all_reduce, {format_bytes(ar)}", format_bytes(ar_rank),
-                     f"{len(bc)} x broadcast, {format_bytes(sum(c['nbytes'] for c in bc))}" if bc else "none",
-                     format_bytes(bc_rank), format_bytes(ar_rank + bc_rank)])
-    return text_table(["run", "gradients", "per rank", "parameters", "rank 0 receives", "rank 0 in all"], rows)
+        rows.append([r["run"], f"{len(r['all_reduce_bytes'])} x all_reduce", _mib(ar), _mib(ar_rank),
+                     f"{len(bc)} x broadcast" if bc else "none",
+                     _mib(sum(c["nbytes"] for c in bc)) if bc else "", _mib(bc_rank), _mib(ar_rank + bc_rank)])
+    return text_table(["run", "gradients", "data (MiB)", "per rank (MiB)", "parameters", "data (MiB)",
+                       "rank 0 receives (MiB)", "rank 0 in all (MiB)"], rows, right=[2, 3, 5, 6, 7])
 
 
 def check_table(records: Iterable[dict], *, key: str) -> str:

@@ -29,6 +29,17 @@ def last_error(stderr: str) -> str:
     return shorten_build_paths((named or lines or [""])[-1])
 
 
+def abort_lines(stderr: str) -> list[str]:
+    """The C++ runtime's report of an exception nothing caught, from a rank's stderr: the
+    'terminate called after throwing ...' line and the 'what():' line after it, build
+    paths cut ([] when the rank wrote no such report)."""
+    lines = stderr.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("terminate called after throwing"):
+            return [shorten_build_paths(text.rstrip()) for text in lines[i:i + 2]]
+    return []
+
+
 def gloo_message(line: str) -> str:
     """An error line without its exception name and gloo's [source.cc:NN] prefix."""
     text = line.split(": ", 1)[1] if re.match(r"^[\w.]+: ", line) else line

@@ -36,7 +36,7 @@ def environment_report() -> dict:
                       "cores: results stay exact, timings show contention rather than scaling")
     return {
         "python": sys.version.split()[0],
-        "platform": platform.platform(),
+        "platform": f"{platform.system()} {platform.machine()}",  # not the kernel build: machine-specific
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "backends": backends,
