@@ -169,7 +169,12 @@ for wrapper in Path(cache.name).rglob("*.py"):
     for name, how in KERNEL.findall(text):
         kinds["Triton" if how == "triton" else "C++"].add((wrapper.name, name))
     library_calls += len(re.findall(r"\bextern_kernels\.\w+\(", text))
+# On CPU, the compiler inductor hands its C++ to (g++ unless CXX names another).
+compiler = None
+if device.type == "cpu":
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    compiler = get_cpp_compiler()
 report(part="kernels", device=device.type, cpp=len(kinds["C++"]), triton=len(kinds["Triton"]),
-       library_calls=library_calls)
+       library_calls=library_calls, compiler=compiler)
 torch.distributed.destroy_process_group()
 cache.cleanup()

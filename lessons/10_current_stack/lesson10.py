@@ -52,6 +52,16 @@ def layout_table(run) -> str:
     return text_table(header, rows)
 
 
+def uneven_line(run) -> str:
+    """The split that does not divide (X's first 1023 rows): the block of X each rank holds."""
+    recs = _part(run.records, "uneven")
+    blocks = []
+    for rec in recs:
+        r0, r1, c0, c1 = map(int, re.fullmatch(r"rows (\d+)-(\d+), cols (\d+)-(\d+)", rec["holds"]).groups())
+        blocks.append(f"rank {rec['rank']} X[{r0}:{r1 + 1}, {c0}:{c1 + 1}]")
+    return f"X[0:{recs[0]['rows']}] as {short_placements(recs[0]['placements'])}: " + ", ".join(blocks)
+
+
 def matmul_lines(run) -> str:
     """The placements of A, B and A @ B, and what it took to sum the product (rank 0)."""
     rec = _part(run.records, "matmul", rank=0)[0]
@@ -87,6 +97,14 @@ def commdebug_counts(run) -> str:
              ", ".join(f"{op}: {n}" for op, n in r["counts"].items()) or "{}"]
             for r in _part(run.records, "redistribute", rank=0)]
     return text_table(["from", "to", "comm.get_comm_counts()"], rows)
+
+
+def uncounted_line(run) -> str:
+    """What CommDebugMode counted around a barrier and a send/recv (rank 0)."""
+    rec = _part(run.records, "uncounted", rank=0)[0]
+    counts = ", ".join(f"{op}: {n}" for op, n in rec["counts"].items()) or "{}"
+    return (f"dist.barrier() and a send/recv pair inside CommDebugMode: "
+            f"get_comm_counts() {counts}, get_total_counts() {rec['total']}")
 
 
 # --------------------------------------------------------------------------- 2. compile
@@ -153,7 +171,8 @@ def compile_time_table(run) -> str:
 def kernels_line(run) -> str:
     """What inductor wrote on rank 0: fused kernels by language, and library calls."""
     rec = _part(run.records, "kernels", rank=0)[0]
-    return (f"inductor wrote {rec['cpp']} C++ and {rec['triton']} Triton kernels on {rec['device'].upper()}; "
+    compiler = f", compiled with {rec['compiler']}" if rec.get("compiler") else ""
+    return (f"inductor wrote {rec['cpp']} C++ and {rec['triton']} Triton kernels on {rec['device'].upper()}{compiler}; "
             f"its wrappers make {rec['library_calls']} library calls (the matrix multiplications)")
 
 

@@ -14,14 +14,18 @@ laid out on the mesh with several placements, one per mesh dimension:
     Partial()     the ranks along that mesh dimension hold tensors of the full shape,
                   and the value is their sum
 
-Reported: which rows and columns each rank holds under each layout; then, for each
+Reported: which rows and columns each rank holds under each layout, and under a split
+that does not come out even (X's first 1023 rows over 2 ranks); then, for each
 redistribution in CASES, the collectives it issued (CollectiveCounter, i.e.
-CommDebugMode with sizes) and whether the result is the right global tensor.
+CommDebugMode with sizes) and whether the result is the right global tensor; last, what
+CommDebugMode counts around a barrier and a send/recv, which it does not see.
 """
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 from labutils.course.comm_count import CollectiveCounter
 from labutils.dist import init, report
@@ -47,6 +51,12 @@ for placements in [(Replicate(), Replicate()), (Shard(0), Replicate()), (Replica
     d = distribute_tensor(X, mesh, placements)
     report(part="layout", placements=str(placements), coords=coords,
            local_shape=list(d.to_local().shape), holds=span(d.to_local()))
+
+# A size that does not divide: 1023 rows over the 2 ranks of mesh dim 0, split as torch.chunk
+# splits them (512 and 511).
+d = distribute_tensor(X[:N - 1], mesh, (Shard(0), Replicate()))
+report(part="uneven", placements=str(d.placements), rows=N - 1, coords=coords,
+       local_shape=list(d.to_local().shape), holds=span(d.to_local()))
 
 # 2. Partial: the natural way to get one. A @ B with A split by columns and B by rows:
 # each rank multiplies its own pieces, and the product is the SUM of the ranks' results.
@@ -87,3 +97,15 @@ for source, target in CASES:
     report(part="redistribute", source=str(source), target=str(target), calls=comm.calls,
            counts={op.__name__: n for op, n in comm.get_comm_counts().items()},
            local_shape=list(moved.to_local().shape), correct=bool(correct))
+
+# 4. What CommDebugMode does not count: a barrier, and a send/recv between ranks 0 and 1
+# (and 2 and 3). It counts the collectives in its list; these are not in it.
+with CommDebugMode() as unseen:
+    dist.barrier()
+    message = torch.zeros(4, device=device)
+    if rank % 2 == 0:
+        dist.send(message, rank + 1)
+    else:
+        dist.recv(message, rank - 1)
+report(part="uncounted", total=unseen.get_total_counts(),
+       counts={str(op): n for op, n in unseen.get_comm_counts().items()})

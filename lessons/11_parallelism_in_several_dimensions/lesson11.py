@@ -378,14 +378,15 @@ def _step(run, layout: str) -> float:
 
 def placement_table(run, *, per_host: int = 2) -> str:
     """Per mesh order (fsdp_tp.py --layouts dp,tp tp,dp): which dimension's pairs share a host, the
-    bytes a rank sends over the slow link per step for the other, and the measured step."""
+    bytes a rank sends over the slow link per step for the other (priced by lesson 02's formulas,
+    not measured on the link), and the measured step."""
     rows = []
     for order in ORDERS:
         across, nbytes = _crossing(run, order, per_host)
         inside = "dp" if across == "tp" else "tp"
         rows.append([order, inside, across, f"{nbytes / KiB:.0f}", f"{_step(run, order) * 1e3:.0f}"])
-    return text_table(["mesh order", "pairs on one host", "pairs across hosts", "sent across per rank (KiB)",
-                       "step ms"], rows, right=(3, 4))
+    return text_table(["mesh order", "pairs on one host", "pairs across hosts",
+                       "sent across per rank, lesson 02's formulas (KiB)", "step ms"], rows, right=(3, 4))
 
 
 def placement_claims(run, *, per_host: int = 2) -> str:
