@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from labutils.course import selfcheck
-from labutils.runtime.runfiles import shorten_paths
+from labutils.runtime.runfiles import short_path, shorten_paths
 
 
 def readable_command(command: Sequence[str]) -> str:
@@ -21,7 +21,7 @@ def readable_command(command: Sequence[str]) -> str:
             return "python"
         if os.path.isabs(arg):
             rel = os.path.relpath(arg)
-            return arg if rel.startswith("..") else rel
+            return short_path(arg) if rel.startswith("..") else rel
         return arg
     return " ".join(short(a) for a in command)
 
