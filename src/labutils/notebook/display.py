@@ -235,11 +235,6 @@ class TextDisplay(Display):
         for rank in [r for r, c in self._held.items() if now - c.since >= idle_s]:
             self._settle(rank)
 
-    def shown_traceback(self, rank: int, exc_type: str, message: str) -> bool:
-        """Whether this display showed (in full or as a repeat) rank's traceback of
-        that exception."""
-        return self._shown_as(rank, exc_type, message) is not None
-
     def _shown_as(self, rank: int, exc_type: str, message: str) -> int | None:
         """The rank whose traceback was shown in full for rank's traceback of that
         exception (rank itself, or the rank it repeats); None: not shown."""
