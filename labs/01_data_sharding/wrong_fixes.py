@@ -43,3 +43,9 @@ WRONG_FIXES = [
                              "report(epoch=epoch, indices=torch.randperm(args.items, generator="
                              "torch.Generator().manual_seed(epoch))[rank::world_size].tolist(),")]}),
 ]
+
+# Not here: deleting the sampler's seed argument (every rank then uses DistributedSampler's
+# default seed, 0). It fixes the lab's bug, the shares are disjoint and new each epoch, and
+# only --seed stops reaching the data order, which the hidden check measures (2026-11-28:
+# 0.939 of the lab's points). Ignoring a flag is a regression of its own, not a wrong fix
+# of this lab's bug.

@@ -5,9 +5,13 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 """
 
+import torch
+import torch.nn as nn
+
 from labutils.grading import check
 
 BATCH = 4
+AUX_HEAD = (["aux_head.weight", "aux_head.bias"], 32 + 1)  # names, values: the model's last
 
 
 def _run(c, nproc, batch=BATCH, args=()):
@@ -51,6 +55,34 @@ def equals_big_batch(c):
             c.completed(reference, "1 rank, batch 8 (the reference)")):
         return
     _same_weights(c, run, reference, "2 ranks x batch 4 = 1 rank x batch 8")
+
+
+def _initial_aux_head() -> list[float]:
+    """aux_head's values as train.py creates them: seed 0, then body, head and aux_head."""
+    torch.manual_seed(0)
+    nn.Linear(8, 32), nn.Linear(32, 2)
+    return [v for p in nn.Linear(32, 1).parameters() for v in p.detach().flatten().tolist()]
+
+
+# Required: the fix lets DDP train a model with a head that takes no part in the loss.
+# Giving the head a part instead (the auxiliary loss switched on by default) changes what
+# the script trains, and the one-rank reference above, the same script, changes with it.
+@check("With --aux-weight 0 (the default) the auxiliary head does not train", points=2,
+       required=True)
+def the_auxiliary_head_rests(c):
+    run = _run(c, 2)
+    if not c.completed(run, "2 ranks"):
+        return
+    names, values, _ = _weights(run)[0]
+    if names[-2:] != AUX_HEAD[0]:
+        c.expect(not any("aux" in n for n in names), "2 ranks: the model's parameters",
+                 measured=f"parameters {names}",
+                 expected=f"{AUX_HEAD[0]} last, as train.py defines them (or no auxiliary head)")
+        return
+    moved = max(abs(a - b) for a, b in zip(values[-AUX_HEAD[1]:], _initial_aux_head()))
+    c.expect(moved <= 1e-7, "2 ranks, --aux-weight 0: aux_head as initialised",
+             measured=f"aux_head moved by up to {moved:.2e} from its initial values",
+             expected="no change: with --aux-weight 0 nothing trains the auxiliary head")
 
 
 def _same_weights(c, run, reference, label: str) -> None:

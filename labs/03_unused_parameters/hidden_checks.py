@@ -4,12 +4,11 @@ process on the same 12 items a step; 4 ranks with the auxiliary loss on, where t
 auxiliary head must still train (a required check: a fix that freezes the head for
 good loses only its points, and would pass the lab without it)."""
 
-from checks import BATCH, _run, _same_weights, _weights
+from checks import AUX_HEAD, BATCH, _run, _same_weights, _weights
 
 from labutils.grading import check
 
 AUX_WEIGHT = 0.5
-AUX_HEAD = (["aux_head.weight", "aux_head.bias"], 32 + 1)  # names, values: the model's last
 
 
 @check(f"At 3 ranks: the weights equal one process training on the whole batch (3 x {BATCH} items)",

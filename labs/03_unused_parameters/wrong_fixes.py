@@ -43,4 +43,12 @@ WRONG_FIXES = [
                              "net = TwoHeadNet().to(device)\n"
                              "net.aux_head.requires_grad_(False)  # DDP skips what needs no grad\n"
                              "model = DDP(net)")]}),
+    WrongFix(
+        "the auxiliary loss on by default, so aux_head always gets a gradient",
+        why="DDP no longer waits for a gradient, but the default run now trains the auxiliary "
+            "task the user turned off: the classifier's weights are no longer those of training "
+            "it alone (the checks' reference is the same script, so it trains it too)",
+        base="starter",
+        edits={"train.py": [('parser.add_argument("--aux-weight", type=float, default=0.0)',
+                             'parser.add_argument("--aux-weight", type=float, default=0.1)')]}),
 ]

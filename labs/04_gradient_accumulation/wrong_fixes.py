@@ -40,3 +40,9 @@ WRONG_FIXES = [
         why="DDP already averages over the ranks: the steps are world_size times too small",
         edits={"train.py": [(SCALED, SCALED.replace("/ args.accum", "/ (args.accum * world_size)"))]}),
 ]
+
+# Not here: the step's micro-batches concatenated into one batch (one forward, one
+# backward). One all-reduce per step and the right weights, so it scores 1.000 (measured
+# 2026-11-28); but the whole step's activations are in memory at once, which is what
+# accumulating micro-batches is for. The checks would need a probe of the forward passes
+# (how many per optimizer step, on how many items) to see it; the probe has none yet.

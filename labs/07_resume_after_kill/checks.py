@@ -5,10 +5,15 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 """
 
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
 from labutils.grading import check
 
 STEPS = 10
 KILL = {"rank": 1, "step": 5}
+BATCH = 8  # train.py's --batch-size, per rank
 
 
 def _plain(c):
@@ -20,11 +25,47 @@ def _killed(c, fault=KILL):
                  fault=fault, max_restarts=1)
 
 
+def _replayed_weights() -> list[float]:
+    """The uninterrupted run as train.py trains it, replayed by one process: the same model
+    and seed, SGD with lr 0.05 and momentum 0.9, each step on both ranks' batches at once
+    (DDP averages two equal batches' gradients: the gradient of the mean over all items)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        xs = [torch.randn(BATCH, 4, generator=torch.Generator().manual_seed(1000 * step + rank))
+              for rank in range(2)]
+        x = torch.cat(xs)
+        loss = F.mse_loss(model(x), x.sum(dim=1, keepdim=True).sin())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def _trains_as_given(c, plain) -> bool:
+    """One part: the uninterrupted run's weights within 1e-5 of the replay's. The resume is
+    measured against that run, so it must train as the lab's train.py does: a run without
+    momentum has no optimizer state to lose, and would resume like itself."""
+    expected = _replayed_weights()
+    got = plain.probe("weights").get(0, {}).get("values", [])
+    diff = max((abs(a - b) for a, b in zip(got, expected)), default=float("inf"))
+    if len(got) == len(expected) and diff <= 1e-5:
+        return True
+    return c.expect(False, "uninterrupted run",
+                    measured=f"its final weights differ by up to {diff:.2e} from one process "
+                             f"replaying train.py's training",
+                    expected="the training train.py was given (SGD, lr 0.05, momentum 0.9), "
+                             "within 1e-5")
+
+
 def _resumed_like_plain(c, plain, killed, fault: dict) -> None:
     """The killed run resumed from its checkpoint (the steps each attempt took), and
     ended with the weights of the uninterrupted run, bit for bit. A run that trains from
     step 0 again ends with them too (training is deterministic): it fails the first."""
     label = f"kill rank {fault['rank']} at step {fault['step']}, resume, finish {STEPS} steps"
+    if not _trains_as_given(c, plain):
+        return
     injected = killed.result.attempts[0].get("injected")
     if injected != fault:
         c.expect(False, label, measured=f"killed {injected}", expected=f"the kill {fault}")

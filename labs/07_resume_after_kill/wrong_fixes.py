@@ -26,7 +26,18 @@ WRONG_FIXES = [
         "resumes at the checkpoint's step, training that step twice",
         why="the checkpoint is written after its step: resuming at it repeats one step",
         edits={"train.py": [('start = checkpoint["step"] + 1', 'start = checkpoint["step"]')]}),
+    WrongFix(
+        "momentum turned off, so the optimizer has no state to save",
+        why="the starter's checkpoint (the model alone) is then all there is, and with the step "
+            "after the checkpoint's the resume matches an uninterrupted run; but the run trains "
+            "with other hyperparameters than the ones it was given: the checks compare it with "
+            "the same edited script",
+        base="starter",
+        edits={"train.py": [("optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)",
+                             "optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # no state to lose"),
+                            ('    start = checkpoint["step"]\n', '    start = checkpoint["step"] + 1\n')]}),
 ]
+
 # Not here: every rank writing the checkpoint through the same temporary file. Lab 07's
 # checks measure the resume; they caught those racing writers only when the race struck
 # (the edit scored 0.8 in one CI run of 2026-11-26, below 0.6 in the others). Lab 10's

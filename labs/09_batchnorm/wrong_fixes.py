@@ -41,4 +41,18 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
         edits={"train.py": [('''        total = grad.clone()
         dist.all_reduce(total)
         return total''', '''        return grad  # the forward already summed''')]}),
+    WrongFix(
+        "synchronised BatchNorm that averages the ranks' means and variances",
+        why="the mean of the ranks' means is the global mean (equal batches), but the mean of "
+            "their variances leaves out how far the ranks' means lie apart: on shards that "
+            "differ, the global variance is larger",
+        edits={"train.py": [('''        total = AllReduceSum.apply(torch.cat([x.sum(0), (x * x).sum(0), count]))
+        n = total[-1]
+        mean = total[:self.num_features] / n
+        var = total[self.num_features:-1] / n - mean * mean  # biased, as normalisation uses
+''', '''        world = dist.get_world_size()
+        stats = AllReduceSum.apply(torch.cat([x.mean(0), x.var(0, unbiased=False)])) / world
+        n = AllReduceSum.apply(count)[0]
+        mean, var = stats[:self.num_features], stats[self.num_features:]  # the ranks' average
+''')]}),
 ]

@@ -39,4 +39,10 @@ WRONG_FIXES = [
         "saves atomically from one rank but never loads: the restart trains from step 0",
         why="the final weights equal an uninterrupted run's, since training is deterministic",
         edits={"train.py": [("if os.path.exists(args.ckpt):", "if False:  # resuming is for later")]}),
+    WrongFix(
+        "the writes fixed, the load left as it was: no map_location",
+        why="one rank writes, atomically, so the kill no longer leaves half a checkpoint; but "
+            "torch.load still puts every tensor back on the device it was saved from, rank 0's "
+            "GPU, on every rank (on CPU nothing shows it but the map_location check)",
+        edits={"train.py": [("torch.load(args.ckpt, map_location=device)", "torch.load(args.ckpt)")]}),
 ]

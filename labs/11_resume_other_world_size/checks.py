@@ -170,16 +170,20 @@ def data_position(c):
         _data_parts(c, first, second, 3, 2, stop=4)
 
 
+# Required, as the next one: a checkpoint that saves the momentum buffers but loads them into
+# an optimizer without any (dcp with plain state_dict()s) passes every other check.
 @check("Saved at 3 ranks after 4 steps, resumed at 2: the losses and the final weights are "
-       "those of an uninterrupted run (within 1e-5)", points=4)
+       "those of an uninterrupted run (within 1e-5)", points=4, required=True)
 def trajectory(c):
     first, second = _stop_and_resume(c, 3, 2, stop=4)
     if second is not None:
         _trajectory_parts(c, first, second, 3, 2, stop=4)
 
 
+# Required: a run without momentum has no optimizer state to lose, and its own uninterrupted
+# run (the reference) has none either; only this check sees the buffers missing.
 @check("The checkpoints are torch.distributed.checkpoint directories, with the optimizer's state",
-       points=2)
+       points=2, required=True)
 def written_with_dcp(c):
     if not c.completed(_stop(c, 3, 2, stop=4), "3 ranks, 4 steps, then a checkpoint"):
         return

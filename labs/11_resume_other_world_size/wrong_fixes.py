@@ -28,4 +28,31 @@ WRONG_FIXES = [
             "another world size",
         edits={"train.py": [('start = state["samples_seen"] // args.global_batch',
                              'start = state["samples_seen"] // per_rank')]}),
+    WrongFix(
+        "dcp with the plain state_dict()s: loading into an optimizer that has no momentum yet",
+        why="dcp.load fills only the entries of the state it is given, and a fresh SGD's "
+            "optimizer.state_dict() holds no momentum buffer yet: the checkpoint has them, the "
+            "resumed run never reads them (get_state_dict builds them)",
+        edits={"train.py": [
+            ("    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
+             "    plain = model.module if isinstance(model, DDP) else model\n"
+             "    model_state, optimizer_state = plain.state_dict(), optimizer.state_dict()\n"),
+            ('''    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])''',
+             '''    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])''')]}),
+    WrongFix(
+        "momentum turned off, so rank 0's torch.save of the model is the whole state",
+        why="with the position counted over all ranks, the resume at another world size "
+            "matches an uninterrupted run of the same edited script; but that script trains "
+            "with other hyperparameters than it was given, and a checkpoint of a stateful "
+            "optimizer would still lose its state",
+        base="starter",
+        edits={"train.py": [
+            ("optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)",
+             "optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # no state to lose"),
+            ("    start = samples_seen // per_rank\n", "    start = samples_seen // args.global_batch\n"),
+            ('torch.save({"model": model.module.state_dict(), "samples_seen": samples_seen},',
+             'torch.save({"model": model.module.state_dict(),\n'
+             '                    "samples_seen": steps_done * args.global_batch},  # all ranks\'')]}),
 ]

@@ -54,4 +54,9 @@ WRONG_FIXES = [
         why="it skips the step's gradient all-reduce that the other ranks wait in",
         base="starter",
         edits={"train.py": [("        dist.broadcast(skip, src=rank)\n", "")]}),
+    WrongFix(
+        "every rank votes with an all_reduce, but skips only when the sum is exactly 1",
+        why="the sum counts the ranks with a corrupt reading: when two ranks hold one in the "
+            "same step it is 2, no rank skips, and the NaN reaches every rank's weights",
+        edits={"train.py": [("    if corrupt.item() > 0:\n", "    if corrupt.item() == 1:  # 1: a corrupt reading\n")]}),
 ]
