@@ -6,6 +6,7 @@ given rank. Your case follows from your student id: two learners rarely share on
 """
 
 import hashlib
+import os
 
 # The versions of train.py in original/, as colleagues wrote them before the lab's.
 VERSIONS = ("original/train.py", "original/train_v2.py", "original/train_v3.py")
@@ -56,11 +57,17 @@ def stack_dumps(mine: dict, *, hang_timeout: float) -> dict[int, str]:
     main-thread stack as it was then: innermost frame first, down to the script's own
     outermost line (the launcher's and torchrun's frames below it are left out)."""
     from labutils import launch
+    from labutils.runtime.runfiles import shorten_paths
 
     result = launch(mine["script"], nproc=mine["nproc"], args=mine["args"],
                     hang_timeout=hang_timeout, display="none")
     if result.hang is None:
         raise RuntimeError(f"{mine['script']} did not hang ({result.reason}): it is one of the "
                            "lab's files, leave it as it is")
-    return {rank: text.replace(".../site-packages/", "")
+    # Paths as a learner reads them: torch's from torch/, the case's script as the case names
+    # it (it may be a link, which the ranks' stacks show resolved).
+    folder = os.path.dirname(mine["script"])
+    resolved = os.path.dirname(os.path.realpath(mine["script"])) + os.sep
+    return {rank: shorten_paths(text.replace(resolved, folder + os.sep))
+            .replace(".../site-packages/", "")
             for rank, text in sorted(result.hang.stacks.items())}
