@@ -14,7 +14,7 @@ RUNS = {2: 3, 3: 2}  # world size -> batch size per rank
 
 def _run(c, nproc):
     return c.run("train.py", nproc, args=["--accum", ACCUM, "--batch-size", RUNS[nproc]],
-                 measure=["weights", "allreduce"])
+                 measure=["weights", "allreduce", "forwards"])
 
 
 def _reference(c):
@@ -34,6 +34,24 @@ def one_allreduce_per_step(c):
                  measured=f"all-reduces per optimizer step: {counts}",
                  expected=f"1 per step (DDP's gradients fit one bucket); {ACCUM} means every "
                           "micro-batch synchronised")
+
+
+# Required: one forward pass over the step's micro-batches put together also gives one
+# all-reduce and the reference's weights, but holds the whole step's activations at once,
+# which is what accumulating micro-batches is for.
+@check(f"Each optimizer step accumulates {ACCUM} micro-batches: {ACCUM} forward passes of one "
+       "micro-batch each", points=1, required=True)
+def accumulates(c):
+    for nproc, batch in RUNS.items():
+        run = _run(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        steps = run.probe("forwards").get(0, {}).get("per_step", [])
+        c.expect(bool(steps) and all(sizes == [batch] * ACCUM for sizes in steps),
+                 f"{nproc} ranks, --accum {ACCUM} --batch-size {batch}",
+                 measured="items in each forward pass through the DDP model, per optimizer step "
+                          f"(rank 0): {steps[:3]}{' ...' if len(steps) > 3 else ''}",
+                 expected=f"{[batch] * ACCUM} every step")
 
 
 @check("The weights equal one process taking the whole batch at once", points=4)

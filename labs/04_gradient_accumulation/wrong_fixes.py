@@ -39,10 +39,22 @@ WRONG_FIXES = [
         "divides by accum x world_size, on top of DDP's average",
         why="DDP already averages over the ranks: the steps are world_size times too small",
         edits={"train.py": [(SCALED, SCALED.replace("/ args.accum", "/ (args.accum * world_size)"))]}),
+    WrongFix(
+        "the micro-batches concatenated into one batch: no accumulation at all",
+        why="one forward and one backward over accum x batch_size items: one all-reduce and the "
+            "right weights, but the whole step's activations are in memory at once, which is "
+            "what accumulating micro-batches was for",
+        base="starter",
+        edits={"train.py": [("""    for micro in range(args.accum):
+        x, y = next(micro_batches)
+        loss = F.mse_loss(model(x.to(device)), y.to(device))
+        loss.backward()  # gradients add up in .grad until the optimizer step
+        step_loss += loss.item() / args.accum
+""", """    # the step's micro-batches as one batch: one backward, one all-reduce, the mean loss
+    parts = [next(micro_batches) for _ in range(args.accum)]
+    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    loss = F.mse_loss(model(x.to(device)), y.to(device))
+    loss.backward()
+    step_loss = loss.item()
+""")]}),
 ]
-
-# Not here: the step's micro-batches concatenated into one batch (one forward, one
-# backward). One all-reduce per step and the right weights, so it scores 1.000 (measured
-# 2026-11-28); but the whole step's activations are in memory at once, which is what
-# accumulating micro-batches is for. The checks would need a probe of the forward passes
-# (how many per optimizer step, on how many items) to see it; the probe has none yet.

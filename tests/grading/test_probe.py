@@ -179,3 +179,19 @@ def test_the_data_probe_sees_each_batch_a_dataloader_hands_over(tmp_path, worker
             steps.append(batches)
         assert data[rank]["steps"] == steps
         assert data[rank]["after_last_step"] == [[2, steps[1][0][1]]]  # a third pass, still epoch 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path):
+    """DATA_SCRIPT accumulates three forward passes of 2 items per optimizer step, two
+    steps a rank; the batch it takes after its last step goes through no forward pass."""
+    script = tmp_path / "script.py"
+    script.write_text(DATA_SCRIPT)
+    result = launch_measured(script, 2, measure=["forwards"], args=["0"], display="none",
+                             hang_timeout=30, timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    forwards = Run(label="script.py", result=result, learner_dir=tmp_path).probe("forwards")
+    for rank in (0, 1):
+        assert forwards[rank]["per_step"] == [[2, 2, 2], [2, 2, 2]]
+        assert forwards[rank]["after_last_step"] == []

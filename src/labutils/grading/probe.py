@@ -36,7 +36,11 @@ when the script ends well, sends what it measured with report(probe=...):
   optimizer step (the batches taken since the step before), each with its pass: the
   how-manieth iteration over a DataLoader it came from (a new pass is one `for ... in
   loader`, an epoch in most scripts). Read from the loader's own sampler as it yields,
-  so a check sees the data each rank was given, not what its script reports.
+  so a check sees the data each rank was given, not what its script reports;
+- forwards: the forward passes through every DistributedDataParallel model, grouped by
+  optimizer step as data's batches are, each as the batch size of its first tensor
+  argument: a check can tell micro-batches accumulated over several forward passes from
+  one forward pass over them all.
 
 Only the probe's records count as the probe's: launch_measured() hands each run a
 secret in the environment, which the probe takes out before the script starts and
@@ -54,7 +58,7 @@ from collections.abc import Callable
 
 from labutils.runtime.worker import run_as_main
 
-MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files", "data")
+MEASURES = ("weights", "buffers", "allreduce", "steps", "traffic", "files", "data", "forwards")
 SECRET_ENV = "LABUTILS_PROBE_SECRET"   # the run's secret, read and removed by the probe
 SIGNED = "signed"   # measure=["signed"]: the script is a lab's harness that signs (signer())
 TAG = "probe_tag"                      # the record's field that carries it
@@ -140,12 +144,17 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
         state["models"].append(self.module)
         if "allreduce" in measures:  # becomes the model's communication hook
             state["recorders"].append(BucketRecorder(self))
+        if "forwards" in measures:
+            self.register_forward_pre_hook(
+                lambda module, args: state["forwards_taken"].append(_batch_size(args)))
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]  # the probe's wrapper
 
     if "data" in measures:
         state["data"] = _watch_batches()
-    if measures & {"allreduce", "steps", "data"}:
+    if "forwards" in measures:
+        state["forwards"], state["forwards_taken"] = [], []
+    if measures & {"allreduce", "steps", "data", "forwards"}:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -156,6 +165,9 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
                 data = state["data"]
                 data["steps"].append(data["taken"])
                 data["taken"] = []
+            if "forwards" in state:  # the forward passes since the last step trained this one
+                state["forwards"].append(state["forwards_taken"])
+                state["forwards_taken"] = []
             calls = sum(len(r.calls) for r in state["recorders"])
             state["per_step"].append(calls - state["counted"])
             state["counted"] = calls
@@ -216,6 +228,13 @@ def _watch_batches() -> dict:
     _BaseDataLoaderIter._next_index = asked  # type: ignore[method-assign]
     _BaseDataLoaderIter.__next__ = handed  # type: ignore[method-assign]
     return seen
+
+
+def _batch_size(args) -> int | None:
+    """The first dimension of a forward pass's first tensor argument (None: no tensor, or
+    a scalar)."""
+    first = next(_tensors(args), None)
+    return int(first.shape[0]) if first is not None and first.dim() else None
 
 
 def _tensors(obj):
@@ -353,6 +372,8 @@ def _send(measures: set[str], state: dict, send: Callable[..., None]) -> None:
         send(probe="traffic", operations=state["traffic"])
     if "data" in measures:
         send(probe="data", steps=state["data"]["steps"], after_last_step=state["data"]["taken"])
+    if "forwards" in measures:
+        send(probe="forwards", per_step=state["forwards"], after_last_step=state["forwards_taken"])
     if "files" in measures:
         params = [p for model in state["models"] for p in model.parameters()]
         send(probe="files", device=str(params[0].device) if params else "cpu", **state["files"])
