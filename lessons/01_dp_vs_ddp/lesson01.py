@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from labutils.course import selfcheck
-from labutils.course.tables import text_table
+from labutils.course.tables import bytes_in, text_table
 from model import PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer, param_bytes, shard
 
 HERE = Path(__file__).parent
@@ -115,10 +115,6 @@ def steps_table(records: list[dict]) -> str:
 
 
 MiB = 2 ** 20
-
-
-def mib(nbytes: float) -> str:
-    return f"{nbytes / MiB:.3f}"
 
 
 def replicas_at_once_runs(threads: dict[str, dict], records: list[dict]) -> dict[tuple[str, str], dict]:
@@ -233,21 +229,21 @@ def traffic_table(by_n: dict[int, dict]) -> str:
         copies = device0_bytes(run["traffic"], n=n, nccl=False)
         nccl = device0_bytes(run["traffic"], n=n, nccl=True)
         ddp = ddp_rank_bytes(run["gradient_bytes"], n)
-        rows.append([n, mib(copies), mib(nccl), mib(ddp), f"{copies / ddp:.2f}x"])
+        rows.append([n, bytes_in(copies, "MiB", 3), bytes_in(nccl, "MiB", 3), bytes_in(ddp, "MiB", 3), f"{copies / ddp:.2f}x"])
     return text_table(["devices", "DP device 0, copies (MiB)", "DP device 0, NCCL (MiB)",
                        "DDP rank (MiB)", "copies / DDP"], rows, right=[0, 1, 2, 3, 4])
 
 
 def breakdown_table(traffic: dict) -> str:
     """What device 0 sends and receives in one step, by kind of tensor (copies)."""
-    rows = [[what, mib(t["device 0 sends"]), mib(t["device 0 receives"])] for what, t in traffic.items()]
+    rows = [[what, bytes_in(t["device 0 sends"], "MiB", 3), bytes_in(t["device 0 receives"], "MiB", 3)] for what, t in traffic.items()]
     return text_table(["tensor", "device 0 sends (MiB)", "device 0 receives (MiB)"], rows, right=[1, 2])
 
 
 def link_table(records: list[dict]) -> str:
     """Bytes through each host's link, measured by the kernel's interface counters."""
-    rows = [[r["rank"], mib(r["construction_received"]), mib(r["construction_sent"]),
-             mib(r["step_received"]), mib(r["step_sent"])] for r in part(records, "link bytes")
+    rows = [[r["rank"], bytes_in(r["construction_received"], "MiB", 3), bytes_in(r["construction_sent"], "MiB", 3),
+             bytes_in(r["step_received"], "MiB", 3), bytes_in(r["step_sent"], "MiB", 3)] for r in part(records, "link bytes")
             if r["step_received"] is not None]
     if not rows:
         return "(no link to count: the ranks ran on this machine's loopback)"
@@ -278,7 +274,7 @@ def memory_text(dp: dict) -> str:
     """Bytes per device: what device 0 holds that the others do not."""
     rows = dp["memory"]
     names = [k for k in rows[0] if k != "device"]
-    table = [[name, *(mib(r[name]) for r in rows)] for name in names]
+    table = [[name, *(bytes_in(r[name], "MiB", 3) for r in rows)] for name in names]
     return text_table(["held during a step (MiB)", *(f"device {r['device']}" for r in rows)], table,
                       right=list(range(1, len(rows) + 1)))
 

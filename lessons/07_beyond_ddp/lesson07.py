@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from labutils.course import selfcheck
-from labutils.course.tables import text_table
+from labutils.course.tables import bytes_in, text_table
 from labutils.course.timing import busbw_factor, format_bytes
 
 from bubbles import (  # noqa: F401  (the notebook's L.bubble_table, ...)
@@ -35,14 +35,6 @@ def _rank0(records: Iterable[dict], part: str, **match) -> dict:
     return next(r for r in _part(records, part) if r["rank"] == 0 and all(r.get(k) == v for k, v in match.items()))
 
 
-def _mib(n: float) -> str:
-    """Bytes in MiB, two decimals: one unit for a whole column, named in its header."""
-    return f"{n / 2**20:,.2f}"
-
-
-def _kib(n: float) -> str:
-    """Bytes in KiB, one decimal."""
-    return f"{n / 2**10:,.1f}"
 
 
 def rank_traffic(call: dict, *, world_size: int, rank: int) -> float:
@@ -82,10 +74,10 @@ def replica_table(records: Iterable[dict]) -> str:
          same["activations (input batch)"]],
     ]
     total = sum(row[1] for row in rows)
-    out = [[what, _mib(got), f"{got:,}", formula,
+    out = [[what, bytes_in(got, "MiB"), f"{got:,}", formula,
             ("" if want is None else "matches" if want == got else f"differs ({want:,})"),
             "yes" if equal else "no"] for what, got, formula, want, equal in rows]
-    out.append(["total per rank", _mib(total), f"{total:,}", "", "", ""])
+    out.append(["total per rank", bytes_in(total, "MiB"), f"{total:,}", "", "", ""])
     head = f"N = {n:,} parameters in {tensors} tensors, {len(recs)} ranks; measured on rank 0\n"
     return head + text_table(["what", "MiB", "bytes", "formula", "formula vs measured",
                               "same on every rank"], out, right=[1, 2])
@@ -96,7 +88,7 @@ def activation_table(records: Iterable[dict]) -> str:
     rows = []
     for r in _part(records, "activations"):
         if r["rank"] == 0:
-            rows.append([r["batch_size"], r["tokens"], _mib(r["activations"]), f"{r['activations']:,}",
+            rows.append([r["batch_size"], r["tokens"], bytes_in(r["activations"], "MiB"), f"{r['activations']:,}",
                          f"{r['activations'] / r['tokens']:,.0f}"])
     return text_table(["batch size", "tokens", "saved for backward (MiB)", "(bytes)", "per token (bytes)"],
                       rows, right=[0, 1, 2, 3, 4])
@@ -110,7 +102,7 @@ def activation_parts(records: Iterable[dict]) -> str:
     for part, nbytes in r0["activations_by_part"].items():
         per_token = nbytes / tokens
         floats = f"{per_token / 4 / width:.2f}" if part.startswith("blocks") else ""
-        rows.append([part, _kib(nbytes), f"{per_token:,.0f}", floats])
+        rows.append([part, bytes_in(nbytes, "KiB", 1), f"{per_token:,.0f}", floats])
     return text_table(["part", "saved (KiB)", "per token (bytes)", "floats per token / width"], rows,
                       right=[1, 2, 3])
 
@@ -127,8 +119,8 @@ def zero_memory_table(records: Iterable[dict]) -> str:
     """Per run and rank: the optimizer state and the parameters the rank updates."""
     rows = []
     for r in _part(records, "run"):
-        rows.append([r["run"], r["rank"], _mib(r["optimizer_state"]), f"{r['optimizer_state']:,}", r["owned_tensors"],
-                     _mib(r["owned_bytes"]), _mib(r["parameters"])])
+        rows.append([r["run"], r["rank"], bytes_in(r["optimizer_state"], "MiB"), f"{r['optimizer_state']:,}", r["owned_tensors"],
+                     bytes_in(r["owned_bytes"], "MiB"), bytes_in(r["parameters"], "MiB")])
     rows.sort(key=lambda row: (list(dict.fromkeys(x["run"] for x in _part(records, "run"))).index(row[0]), row[1]))
     return text_table(["run", "rank", "Adam state (MiB)", "(bytes)", "params updated", "their size (MiB)",
                        "params held (MiB)"], rows, right=[1, 2, 3, 4, 5, 6])
@@ -144,9 +136,9 @@ def zero_traffic_table(records: Iterable[dict], *, world_size: int) -> str:
         ar_rank = busbw_factor("all_reduce", world_size) * ar
         bc = r["broadcasts"]
         bc_rank = sum(rank_traffic(c, world_size=world_size, rank=0) for c in bc)
-        rows.append([r["run"], f"{len(r['all_reduce_bytes'])} x all_reduce", _mib(ar), _mib(ar_rank),
+        rows.append([r["run"], f"{len(r['all_reduce_bytes'])} x all_reduce", bytes_in(ar, "MiB"), bytes_in(ar_rank, "MiB"),
                      f"{len(bc)} x broadcast" if bc else "none",
-                     _mib(sum(c["nbytes"] for c in bc)) if bc else "", _mib(bc_rank), _mib(ar_rank + bc_rank)])
+                     bytes_in(sum(c["nbytes"] for c in bc), "MiB") if bc else "", bytes_in(bc_rank, "MiB"), bytes_in(ar_rank + bc_rank, "MiB")])
     return text_table(["run", "gradients", "data (MiB)", "per rank (MiB)", "parameters", "data (MiB)",
                        "rank 0 receives (MiB)", "rank 0 in all (MiB)"], rows, right=[2, 3, 5, 6, 7])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from labutils.course.tables import text_table
+from labutils.course.tables import bytes_in, text_table
 
 
 def wire_summary(records: Iterable[dict], *, sent_fraction: dict[str, float],
@@ -62,7 +62,7 @@ def job_bytes_line(before: dict, after: dict, records: Iterable[dict]) -> str:
 
 
 def _mib(nbytes: float | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**20:.2f}"
+    return "-" if nbytes is None else bytes_in(nbytes, "MiB")
 
 
 def _ms(seconds: float | None) -> str:

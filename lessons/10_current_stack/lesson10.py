@@ -13,19 +13,13 @@ from collections.abc import Iterable
 import torch
 
 from labutils.course import selfcheck
-from labutils.course.tables import text_table
+from labutils.course.tables import bytes_in, text_table
 from labutils.course.comm_count import sent_per_rank
-
-MiB = 2**20
 
 
 def _part(records: Iterable[dict], part: str, **match) -> list[dict]:
     return sorted((r for r in records if r.get("part") == part and all(r.get(k) == v for k, v in match.items())),
                   key=lambda r: r["rank"])
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / MiB:.2f}"
 
 
 def short_placements(text: str) -> str:
@@ -85,7 +79,7 @@ def redistribute_table(run) -> str:
             rows.append([
                 short_placements(rec["source"]) if first else "", short_placements(rec["target"]) if first else "",
                 "none" if c is None else c["op"], "" if c is None else f"{c['mesh_dim']} ({c['group_size']} ranks)",
-                "" if c is None else _mib(c["nbytes"]), "0" if c is None else _mib(sent_per_rank(c)),
+                "" if c is None else bytes_in(c["nbytes"], "MiB"), "0" if c is None else bytes_in(sent_per_rank(c), "MiB"),
                 rec["correct"] if first else ""])
     return text_table(["from", "to", "collective", "mesh dim", "array (MiB)", "sent per rank (MiB)", "right values"],
                       rows, right=(4, 5))
@@ -260,7 +254,7 @@ def precision_table(run) -> str:
         for (dim, op, dtype), calls in _by_op(rec["calls"]).items():
             sent = sum(sent_per_rank(c) for c in calls)
             base.setdefault(op, sent)
-            rows.append([rec["policy"], op, dtype, len(calls), _mib(sent), f"{sent / base[op]:.2f}"])
+            rows.append([rec["policy"], op, dtype, len(calls), bytes_in(sent, "MiB"), f"{sent / base[op]:.2f}"])
     return text_table(["policy", "collective", "dtype", "calls", "sent per rank (MiB)", "vs float32"],
                       rows, right=(3, 4, 5))
 
@@ -321,8 +315,8 @@ def hsdp_table(run) -> str:
         for (dim, op, dtype), group in _by_op(calls).items():
             sent = sum(sent_per_rank(c) for c in group)
             total += sent
-            rows.append([name, f"{dim} ({group[0]['group_size']} ranks)", op, len(group), _mib(sent)])
-        rows.append([name, "", "together", "", _mib(total)])
+            rows.append([name, f"{dim} ({group[0]['group_size']} ranks)", op, len(group), bytes_in(sent, "MiB")])
+        rows.append([name, "", "together", "", bytes_in(total, "MiB")])
     return text_table(["run", "mesh dim", "collective", "calls", "sent per rank (MiB)"], rows, right=(3, 4))
 
 

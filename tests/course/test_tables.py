@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labutils.errors import InputError
-from labutils.course.tables import cell, rank_table, text_table
+from labutils.course.tables import bytes_in, cell, rank_table, text_table
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,16 @@ def test_rank_table_sorts_by_rank_and_leaves_missing_empty():
 def test_text_table_rejects(header, rows, right, fragment):
     with pytest.raises(InputError, match=fragment):
         text_table(header, rows, right=right)
+
+
+@pytest.mark.parametrize("nbytes, unit, digits, shown", [
+    (3_730_432, "MiB", 2, "3.56"), (4_712, "KiB", 1, "4.6"), (0, "MiB", 2, "0.00"),
+    (1_288_490_189, "MiB", 3, "1,228.800"), (2**30, "GiB", 2, "1.00"),
+])
+def test_bytes_in_one_unit_for_a_column(nbytes, unit, digits, shown):
+    assert bytes_in(nbytes, unit, digits) == shown
+
+
+def test_bytes_in_an_unknown_unit_is_a_clear_error():
+    with pytest.raises(InputError, match="unit"):
+        bytes_in(1, "MB")

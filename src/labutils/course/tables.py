@@ -29,6 +29,18 @@ def cell(value) -> str:
     return str(value)
 
 
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def bytes_in(nbytes: float, unit: str, digits: int = 2) -> str:
+    """nbytes as a number of unit (KiB, MiB...), for a column whose header names the unit:
+    one unit per column."""
+    if unit not in BYTE_UNITS:
+        raise InputError("unit", expected=f"one of {', '.join(BYTE_UNITS)}", given=unit,
+                         fix="name the column's unit")
+    return f"{nbytes / BYTE_UNITS[unit]:,.{digits}f}"
+
+
 def text_table(header: Sequence[str], rows: Iterable[Sequence], *, right: Sequence[int] = ()) -> str:
     """A table with a header line, a rule and one line per row.
 
