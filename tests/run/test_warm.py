@@ -50,8 +50,10 @@ def _sees(result, ignore=PER_PROCESS) -> dict[int, dict]:
 def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch):
     # The server is started in another folder, without the run's TMPDIR: what the rank
     # reads from its folder and environment must be the run's, not the server's.
+    # A relative PYTHONPATH entry is made absolute against the rank's folder, not the server's.
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, ["lib", os.environ.get("PYTHONPATH")])))
     warm.server_for({**os.environ, "OMP_NUM_THREADS": "1"})
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tmp").mkdir()
@@ -68,6 +70,7 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     assert seen["argv"] == ["--spawn", "--lr", "0.1"] and seen["argv0"] == seen["file"] == SEES.name
     assert seen["name"] == "__main__" and seen["cwd"] == str(tmp_path)
     assert seen["path0"] == str(SCRIPTS) and seen["env_given"] == "given"
+    assert str(tmp_path / "lib") in seen["path"] and str(tmp_path / "elsewhere" / "lib") not in seen["path"]
     assert seen["threads"] == 1 and seen["omp"] == "1"  # as torchrun sets it for 2 ranks
     assert seen["mp_name"] == "MainProcess" and not seen["mp_parent"]
     assert seen["sigterm"] == str(signal.SIG_DFL) and seen["blocked"] == []

@@ -58,6 +58,9 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "labutils.runtime.
 # the filters a cold one has.
 AHEAD = ("torch._dynamo",)
 PARENT_CHECK_S = 0.1
+# The folder the server started in: the interpreter made PYTHONPATH's relative entries
+# absolute against it, where a cold keeper makes them absolute against its run's folder.
+START_CWD = os.getcwd()
 
 
 def threads() -> int:
@@ -78,15 +81,38 @@ def read_again() -> None:
     computed from its own when it imported torch: a process started there would read
     them afresh. The temporary folder (tempfile caches it, and importing torch._dynamo
     asked for it: TMPDIR, and torch's compile cache under it), multiprocessing's
-    starting folder, and the folder TORCH_COMPILE_DEBUG writes to (the current one)."""
+    starting folder, the folder TORCH_COMPILE_DEBUG writes to (the current one), and
+    the import path's entries from PYTHONPATH's relative ones."""
     import multiprocessing.process
     import tempfile
 
+    sys.path[:] = pythonpath_moved(sys.path, os.environ.get("PYTHONPATH", ""), START_CWD, os.getcwd())
     tempfile.tempdir = None
     multiprocessing.process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
     dynamo_config: Any = sys.modules.get("torch._dynamo.config")
     if dynamo_config is not None and hasattr(dynamo_config, "default_debug_dir_root"):
         dynamo_config.debug_dir_root = dynamo_config.default_debug_dir_root()
+
+
+def pythonpath_moved(path: list[str], pythonpath: str, was: str, now: str) -> list[str]:
+    """The import path an interpreter started in `now` would have, given the one it has
+    from starting in `was`. The interpreter puts PYTHONPATH's entries, made absolute
+    against its folder (an empty one is the folder), right after the first entry, then
+    site drops repeats, keeping the first: so are they put again, made absolute
+    against `now`."""
+    if not pythonpath or was == now:
+        return path
+    entries = pythonpath.split(os.pathsep)
+    if all(os.path.isabs(entry) for entry in entries):
+        return path
+    given = {os.path.abspath(os.path.join(was, entry)) for entry in entries}
+    first = now if path[0] == was else path[0]
+    out: list[str] = []
+    for entry in [first, *(os.path.abspath(os.path.join(now, e)) for e in entries),
+                  *(e for e in path[1:] if e not in given)]:
+        if entry not in out:
+            out.append(entry)
+    return out
 
 
 def start_keeper(request: dict, conn: socket.socket) -> int:
