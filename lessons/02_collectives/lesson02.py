@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from labutils.course import selfcheck
-from labutils.course.tables import text_table
+from labutils.course.tables import significant, text_table
 from labutils.course.timing import algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes
 
 HERE = Path(__file__).parent
@@ -137,13 +137,6 @@ def bandwidth_series(records: Iterable[dict]) -> dict[str, tuple[list[int], list
     return series
 
 
-def _num(x: float) -> str:
-    """Three significant digits, never in exponent form: 0.00249, 0.648, 12.3, 880."""
-    if x == 0:
-        return "0"
-    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
-
-
 UNITS = {"time": ("ms", 1e3), "algbw": ("MB/s", 1e-6), "busbw": ("MB/s", 1e-6)}
 
 
@@ -162,10 +155,10 @@ def bandwidth_table(series: dict, *, world_size: int, metric: str = "time") -> s
 
     def value(size: int, t: float) -> str:
         if metric == "time":
-            return _num(t * scale)
+            return significant(t * scale)
         if metric == "algbw":
-            return _num(algbw(size, t) * scale)
-        return _num(busbw(size, t, collective="all_reduce", world_size=world_size) * scale)
+            return significant(algbw(size, t) * scale)
+        return significant(busbw(size, t, collective="all_reduce", world_size=world_size) * scale)
 
     rows = []
     for size in sizes:
@@ -194,10 +187,10 @@ def fit_table(fits: dict, series: dict, *, world_size: int) -> str:
     for name, fit in fits.items():
         sizes, times = series[name]
         t = times[sizes.index(biggest)]
-        rows.append([name, _num(fit.alpha_s * 1e3), _num(fit.beta_Bps / 1e6),
-                     _num(fit.half_bandwidth_bytes / 2**10), _num(t * 1e3),
-                     _num(algbw(biggest, t) / 1e6),
-                     _num(busbw(biggest, t, collective="all_reduce", world_size=world_size) / 1e6)])
+        rows.append([name, significant(fit.alpha_s * 1e3), significant(fit.beta_Bps / 1e6),
+                     significant(fit.half_bandwidth_bytes / 2**10), significant(t * 1e3),
+                     significant(algbw(biggest, t) / 1e6),
+                     significant(busbw(biggest, t, collective="all_reduce", world_size=world_size) / 1e6)])
     return (f"alpha-beta fit per algorithm; time and bandwidths at {format_bytes(biggest)}\n"
             + text_table(["algorithm", "alpha (ms)", "beta (MB/s)", "n½ (KiB)", "time (ms)",
                           "algbw (MB/s)", "busbw (MB/s)"], rows, right=[1, 2, 3, 4, 5, 6]))
@@ -205,8 +198,8 @@ def fit_table(fits: dict, series: dict, *, world_size: int) -> str:
 
 def fit_text(fit) -> str:
     """One alpha-beta fit in the fit table's units: ms, MB/s, KiB."""
-    return (f"alpha = {_num(fit.alpha_s * 1e3)} ms, beta = {_num(fit.beta_Bps / 1e6)} MB/s, "
-            f"n½ = {_num(fit.half_bandwidth_bytes / 2**10)} KiB")
+    return (f"alpha = {significant(fit.alpha_s * 1e3)} ms, beta = {significant(fit.beta_Bps / 1e6)} MB/s, "
+            f"n½ = {significant(fit.half_bandwidth_bytes / 2**10)} KiB")
 
 
 def busbw_ratio(series: dict, name: str, reference: str, size: int) -> float:
@@ -253,11 +246,11 @@ def wire_table(records: Iterable[dict], *, link_Bps: float, world_size: int) -> 
         pred, measured = predicted[r["algorithm"]]
         formula, load = LINK_LOAD[r["algorithm"]]
         sent = _ratios(b / biggest for b in r["link_sent"]) if "link_sent" in r else "not counted"
-        rows.append([r["algorithm"], sent, f"{formula} = {load(world_size):g}", _num(pred * 1e3),
-                     _num(measured * 1e3), f"{measured / pred:.2f}",
+        rows.append([r["algorithm"], sent, f"{formula} = {load(world_size):g}", significant(pred * 1e3),
+                     significant(measured * 1e3), f"{measured / pred:.2f}",
                      f"{busbw(biggest, measured, collective='all_reduce', world_size=world_size) / link_Bps:.2f}"])
     ranks = " ".join(map(str, range(world_size)))
-    return (f"{format_bytes(biggest)} on {world_size} hosts, link {_num(link_Bps / 1e6)} MB/s each way; "
+    return (f"{format_bytes(biggest)} on {world_size} hosts, link {significant(link_Bps / 1e6)} MB/s each way; "
             "times in ms\n"
             + text_table(["algorithm", f"sent / data, rank {ranks}", "busiest link (x data)",
                           "predicted", "measured", "measured / predicted", "busbw / link"],

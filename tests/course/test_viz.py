@@ -67,6 +67,25 @@ def test_bandwidth_plot_draws_fits_in_legend(series):
     assert fig.axes[1].get_ylabel() == "busbw (GB/s) = algbw × 1"
 
 
+def test_bandwidth_plot_in_the_units_of_the_tables_beside_it(series):
+    fits = {name: fit_alpha_beta(*pair) for name, pair in series.items()}
+    fig = plot_bandwidth(series, world_size=4, fits=fits, time_unit="ms", rate_unit="MB/s")
+    ax_t, ax_bw = fig.axes
+    assert ax_t.get_ylabel() == "time per call (ms)"
+    assert ax_bw.get_ylabel() == "busbw (MB/s) = algbw × 1.5"
+    size, seconds = SIZES[-1], model_times(5e-5, 2e9)[-1]
+    assert ax_t.get_lines()[0].get_ydata()[-1] == pytest.approx(seconds * 1e3)
+    assert ax_bw.get_lines()[0].get_ydata()[-1] == pytest.approx(size / seconds * 1.5 / 1e6)
+    labels = [t.get_text() for t in ax_t.get_legend().get_texts()]
+    assert "ring fit: α=0.200 ms, β=1000 MB/s" in labels
+
+
+@pytest.mark.parametrize("unit", [{"time_unit": "min"}, {"rate_unit": "Gbit/s"}])
+def test_bandwidth_plot_refuses_a_unit_it_has_not(series, unit):
+    with pytest.raises(InputError, match=next(iter(unit))):
+        plot_bandwidth(series, world_size=4, **unit)
+
+
 def test_bandwidth_plot_other_collective(series):
     fig = plot_bandwidth(series, world_size=4, collective="all_gather")
     assert fig.axes[1].get_ylabel() == "busbw (GB/s) = algbw × 0.75"

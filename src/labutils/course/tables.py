@@ -9,11 +9,12 @@ Values are shown compactly: 3.0 as 3, 0.1 as 0.1, [0.0, 1.0] as [0 1], None as "
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from labutils.errors import InputError
 
-__all__ = ["cell", "text_table", "rank_table"]
+__all__ = ["cell", "significant", "bytes_in", "text_table", "rank_table"]
 
 
 def cell(value) -> str:
@@ -27,6 +28,13 @@ def cell(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + " ".join(cell(v) for v in value) + "]"
     return str(value)
+
+
+def significant(x: float) -> str:
+    """Three significant digits, never in exponent form: 0.00249, 0.648, 12.3, 880, 1200."""
+    if x == 0:
+        return "0"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
 
 
 BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}

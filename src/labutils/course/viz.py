@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from labutils.course.tables import significant
 from labutils.course.timing import (
     AlphaBeta,
     busbw,
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 FIGSIZE_WIDE = (12.0, 4.6)  # two panels side by side, readable in a notebook column
+# The bandwidth plot's units, so that it can read in the units of the tables beside it.
+TIME_UNITS = {"s": 1.0, "ms": 1e3, "µs": 1e6}
+RATE_UNITS = {"MB/s": 1e6, "GB/s": 1e9}
 
 
 # ----------------------------------------------------------------------------- bandwidth
@@ -86,8 +90,10 @@ def plot_bandwidth(
     collective: str = "all_reduce",
     fits: Mapping[str, AlphaBeta] | None = None,
     title: str | None = None,
+    time_unit: str = "s",
+    rate_unit: str = "GB/s",
 ):
-    """Two log-log panels: seconds per call, and busbw, against message size.
+    """Two log-log panels: time per call, and busbw, against message size.
 
     Args:
         series: {algorithm name: (sizes in bytes, seconds per call)}.
@@ -96,12 +102,20 @@ def plot_bandwidth(
         fits: {algorithm name: AlphaBeta} drawn as dashed lines on the time panel
             and named in the legend with their alpha and beta.
         title: the figure title; default names the collective and world size.
+        time_unit: the time axis's unit, a key of TIME_UNITS ("s", "ms", "µs").
+        rate_unit: busbw's and the fits' beta's unit, "GB/s" (1e9 bytes per second) or
+            "MB/s" (1e6).
 
     Returns:
         The matplotlib Figure.
     """
     import matplotlib.pyplot as plt
 
+    for name, value, units in (("time_unit", time_unit, TIME_UNITS), ("rate_unit", rate_unit, RATE_UNITS)):
+        if value not in units:
+            raise InputError(name, expected=f"one of {', '.join(map(repr, units))}", given=value,
+                             fix="name a unit the tables beside the plot use")
+    per_s, per_Bps = TIME_UNITS[time_unit], RATE_UNITS[rate_unit]
     data = check_series(series)
     factor = busbw_factor(collective, world_size)
     fits = dict(fits or {})
@@ -115,15 +129,19 @@ def plot_bandwidth(
 
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=FIGSIZE_WIDE)
     for name, (xs, ts) in data.items():
-        (line,) = ax_t.plot(xs, ts, "o-", label=name, markersize=4)
-        bws = [busbw(x, t, collective=collective, world_size=world_size) / 1e9 for x, t in zip(xs, ts)]
+        (line,) = ax_t.plot(xs, [t * per_s for t in ts], "o-", label=name, markersize=4)
+        bws = [busbw(x, t, collective=collective, world_size=world_size) / per_Bps for x, t in zip(xs, ts)]
         ax_bw.plot(xs, bws, "o-", color=line.get_color(), label=name, markersize=4)
         if name in fits:
             fit = fits[name]
             lo, hi = xs[0], xs[-1]
             grid = [lo * (hi / lo) ** (i / 60) for i in range(61)] if hi > lo else [lo]
-            ax_t.plot(grid, [fit.predict(x) for x in grid], "--", color=line.get_color(), alpha=0.7,
-                      label=f"{name} fit: α={format_seconds(fit.alpha_s)}, β={format_rate(fit.beta_Bps)}")
+            alpha = (format_seconds(fit.alpha_s) if time_unit == "s"
+                     else f"{significant(fit.alpha_s * per_s)} {time_unit}")
+            beta = (format_rate(fit.beta_Bps) if rate_unit == "GB/s"
+                    else f"{significant(fit.beta_Bps / per_Bps)} {rate_unit}")
+            ax_t.plot(grid, [fit.predict(x) * per_s for x in grid], "--", color=line.get_color(), alpha=0.7,
+                      label=f"{name} fit: α={alpha}, β={beta}")
     for ax in (ax_t, ax_bw):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -132,9 +150,9 @@ def plot_bandwidth(
         ticks = _size_ticks(min(min(s) for s, _ in data.values()), max(max(s) for s, _ in data.values()))
         ax.set_xticks(ticks, [format_bytes(t) for t in ticks], rotation=30)
         ax.legend(fontsize=8)
-    ax_t.set_ylabel("time per call (seconds)")
+    ax_t.set_ylabel("time per call (seconds)" if time_unit == "s" else f"time per call ({time_unit})")
     ax_t.set_title("time per call: latency (flat) then bandwidth (slope 1)")
-    ax_bw.set_ylabel(f"busbw (GB/s) = algbw × {factor:.3g}")
+    ax_bw.set_ylabel(f"busbw ({rate_unit}) = algbw × {factor:.3g}")
     ax_bw.set_title("bus bandwidth: higher is better")
     fig.suptitle(title or f"{collective} on {world_size} ranks")
     fig.tight_layout()
