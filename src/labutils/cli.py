@@ -7,8 +7,13 @@ import json
 import signal
 import sys
 
-from labutils.errors import LabutilsError
-from labutils.run.options import add_launch_arguments, launch_kwargs, split_script_args
+from labutils.errors import InputError, LabutilsError
+from labutils.run.options import (
+    add_launch_arguments,
+    command_line_error,
+    launch_kwargs,
+    split_script_args,
+)
 from labutils.run.result import EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -182,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(ns, "handler", None):  # labutils k8s, labutils slurm
             return ns.handler(ns)
     except LabutilsError as exc:  # bad input, or a scheduler that does not answer
-        print(f"labutils {ns.command}: {exc}", file=sys.stderr)
+        said = command_line_error(exc) if ns.command == "launch" and isinstance(exc, InputError) else exc
+        print(f"labutils {ns.command}: {said}", file=sys.stderr)
         return EXIT_USAGE
     parser.error(f"unknown command {ns.command}")
     return EXIT_USAGE

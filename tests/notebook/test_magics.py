@@ -54,11 +54,11 @@ def test_cell_runs_on_two_ranks_and_the_result_is_stored(shell, runs_dir, capsys
 
 
 @pytest.mark.parametrize("line, message", [
-    ("-n 0", "nproc: expected a whole number of ranks >= 1"),
+    ("-n 0", "-n/--nproc: expected a whole number of ranks >= 1, got 0; pass e.g. -n/--nproc 2"),
     ("-n two", "argument -n/--nproc: invalid int value: 'two'"),
     ("--backend mpi", "argument --backend: invalid choice: 'mpi'"),
     ("--display fancy", "argument --display: invalid choice: 'fancy'"),
-    ("--hang-timeout -1", "hang_timeout: expected a number >= 0.5"),
+    ("--hang-timeout -1", "--hang-timeout: expected a number >= 0.5, got -1.0; --help says: "),
     ("--frobnicate", "unrecognized arguments: --frobnicate"),
     ("--out 2run", "--out expects a Python variable name, got '2run'"),
     ("--out class", "--out expects a Python variable name, got 'class'"),

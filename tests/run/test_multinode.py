@@ -276,7 +276,7 @@ def test_cli_usage_error_for_a_bad_node_rank(job, tmp_path):
                            "127.0.0.1:29500", "--rdzv-id", "j", str(job)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("labutils launch: node_rank")
+    assert done.stderr.strip().splitlines()[-1].startswith("labutils launch: --node-rank: ")
 
 
 def test_without_root_both_nodes_run_on_loopback_and_say_why(job, tmp_path, monkeypatch, capsys):

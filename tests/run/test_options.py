@@ -4,6 +4,7 @@ agree with it (no torchrun runs: pure tables of good and bad inputs)."""
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -11,7 +12,7 @@ import labutils
 from labutils.errors import LaunchConfigError, whole_number
 from labutils.notebook import magics
 from labutils.cli import build_parser, main
-from labutils.run.options import OPTIONS, launch_kwargs, node_words, split_script_args
+from labutils.run.options import OPTIONS, command_line_error, launch_kwargs, node_words, split_script_args
 
 
 def parse(words: list[str]) -> dict:
@@ -110,7 +111,30 @@ def test_bad_combinations_of_flags_are_one_line_errors(argv, message, capsys):
         parse(["launch", *argv, "t.py"])
     assert message in str(info.value) and "\n" not in str(info.value)
     assert main(["launch", *argv, "t.py"]) == 2  # before anything starts
-    assert capsys.readouterr().err.splitlines() == [f"labutils launch: {info.value}"]
+    assert capsys.readouterr().err.splitlines() == [f"labutils launch: {command_line_error(info.value)}"]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["-n", "0"], "-n/--nproc: expected a whole number of ranks >= 1, got 0; pass e.g. -n/--nproc 2 "
+     "(one process per rank)"),
+    (["--hang-timeout", "-1"], "--hang-timeout: expected a number >= 0.5, got -1.0; --help says: "
+     "seconds without progress before a hang is reported (0: never; default 30)"),
+    (["--max-restarts", "-1"], "--max-restarts: expected a whole number >= 0, got -1; pass "
+     "--max-restarts 0 to fail on the first error"),
+    (["--kill-rank", "1", "--kill-at-step", "3"], "--kill-rank/--kill-agent: expected --max-restarts >= 1"),
+    (["--kill-rank", "5", "--kill-at-step", "3", "--max-restarts", "1"],
+     "--kill-rank: expected a rank in 0..1, got 5; see fault injection in labutils launch --help"),
+    (["--local-agents", "3"], "(--nnodes 1), got 3"),
+])
+def test_launch_errors_on_the_command_line_name_its_flags(argv, said, tmp_path, capsys):
+    """launch() checks the values the flags gave it; the CLI says what is wrong in the
+    words of the flags, not launch()'s keywords (`nproc=2`) or Python's `None`."""
+    script = tmp_path / "t.py"
+    script.write_text("print('never runs')\n")
+    assert main(["launch", *argv, str(script)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("labutils launch: ") and said in err[0], err
+    assert not re.search(r"\b(nproc|max_restarts|local_agents|nnodes|fault)\b=|None", err[0])
 
 
 def test_kill_rank_and_kill_agent_exclude_each_other(capsys):

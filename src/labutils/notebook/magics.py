@@ -50,7 +50,12 @@ from labutils.errors import LaunchConfigError
 from labutils.notebook.modes import DISPLAY_MODES
 from labutils.run import world as world_api
 from labutils.run.launcher import last_result, launch
-from labutils.run.options import add_launch_arguments, launch_kwargs, split_script_args
+from labutils.run.options import (
+    add_launch_arguments,
+    command_line_error,
+    launch_kwargs,
+    split_script_args,
+)
 from labutils.run.result import RunResult
 from labutils.run.spec import BACKENDS, runs_root
 from labutils.runtime import runfiles
@@ -138,7 +143,7 @@ def run_cell(line: str, cell: str, *, namespace: dict) -> RunResult:
         result = launch(script, args=opts.args, display=opts.display, env={"PYTHONPATH": path},
                         **launch_kwargs(opts))
     except LaunchConfigError as exc:
-        raise UsageError(f"%%torchrun: {exc}") from None
+        raise UsageError(f"%%torchrun: {command_line_error(exc)}") from None
     except KeyboardInterrupt:
         if last_result() is not before:  # the run started and was stopped: keep what it did
             namespace[opts.out] = last_result()

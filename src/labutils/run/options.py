@@ -8,7 +8,8 @@ command-line flags that set it. From the table come:
 - launch_kwargs(ns): launch()'s keyword arguments from what such a parser parsed;
 - node_words(**values): the inverse, the `labutils launch` words for launch() values,
   for the commands that run one node of a job elsewhere (a virtual host, a pod, a
-  SLURM node).
+  SLURM node);
+- command_line_error(exc): launch()'s one-line error in the words of the flags.
 
 A new option is one row here and one parameter of launch(); tests/run/test_options.py
 checks that the table's names and defaults are launch()'s own.
@@ -19,11 +20,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from labutils.errors import LaunchConfigError
+from labutils.errors import InputError, LaunchConfigError
 from labutils.run.spec import BACKENDS
 
 REQUIRED = inspect.Parameter.empty  # the default of an argument launch() requires (script)
@@ -177,7 +179,8 @@ OPTIONS: tuple[Option, ...] = (
            (Flag(("--hang-timeout",), "seconds without progress before a hang is reported "
                  "(0: never; default 30)", float),),
            magic=True, read=lambda ns: ns.hang_timeout or None, words=_hang_timeout_words),
-    Option("timeout", None, (Flag(("--timeout",), "wall-clock limit in seconds", float),),
+    Option("timeout", None, (Flag(("--timeout",), "wall-clock limit in seconds (default: none)",
+                                  float),),
            magic=True),
     Option("max_restarts", 0, (Flag(("--max-restarts",), "torchrun restarts after a failure",
                                     int),), magic=True),
@@ -311,3 +314,45 @@ def split_script_args(words: list[str]) -> tuple[list[str], list[str]]:
         return list(words), []
     cut = words.index("--")
     return list(words[:cut]), list(words[cut + 1:])
+
+
+def _flag_names(option: Option) -> str:
+    """The flags that set an option, as one word: "-n/--nproc", "--kill-rank/--kill-agent"."""
+    if len(option.flags) == 1:
+        return "/".join(option.flags[0].names)
+    return "/".join(flag.names[-1] for flag in option.flags if flag.exclusive) or option.flags[0].names[-1]
+
+
+def command_line_error(exc: InputError) -> str:
+    """launch()'s one-line error as someone who typed flags reads it: each launch()
+    keyword in it (`nproc`, `max_restarts=1`) as its flag (`-n/--nproc`,
+    `--max-restarts 1`); where the advice is still Python's (`None`), the flag's help
+    instead, which says how the command line asks for the same thing.
+
+    Args:
+        exc: what launch() raised for a value the parsed flags gave it.
+    """
+    words = exc.what.split()
+    option = BY_NAME.get(words[0]) if words else None
+    if option is None or not option.flags or option.name == "script":
+        return str(exc)
+    flagged = {name for name, o in BY_NAME.items() if o.flags and name != "script"}
+
+    def in_flags(text: str) -> str:  # "max_restarts=1" and "max_restarts" (never "fault")
+        def flag(m: re.Match) -> str:
+            name, assigned = m[1], m[2]
+            if name not in flagged or not (assigned or "_" in name or name in ("nproc", "nnodes")):
+                return m[0]
+            return _flag_names(BY_NAME[name]) + (" " if assigned else "")
+        return re.sub(r"(?<![-\w])([a-z_]+)(=(?=\S))?", flag, text)
+
+    expected = in_flags(exc.expected.removesuffix(" or None"))
+    given = in_flags(repr(exc.given))
+    fix = in_flags(exc.fix)
+    if "None" in fix or "{" in fix or "=..." in fix:  # still Python's words
+        fix = (f"--help says: {option.flags[0].help}" if len(option.flags) == 1 else
+               f"see {GROUPS[option.group][0] if option.group else 'its flags'} in labutils launch --help")
+    part = {"rank": "--kill-rank", "agent": "--kill-agent", "step": "--kill-at-step"}
+    what = (part.get(words[1], exc.what) if option.name == "fault" and len(words) > 1
+            else _flag_names(option))
+    return f"{what}: expected {expected}, got {given}; {fix}"
