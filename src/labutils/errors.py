@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import TypeGuard
 
 
@@ -40,6 +42,45 @@ class InputError(LabutilsError, ValueError):
         self.given = given
         self.fix = fix
         super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
+
+
+def in_flag_words(exc: InputError, flags: Mapping[str, str], *, helps: Mapping[str, str] | None = None,
+                  parts: Mapping[str, str] | None = None, default: str = "") -> str:
+    """An InputError of a Python function as someone who typed a command's flags reads
+    it: each keyword of the function (`nproc`, `max_restarts=1`) in the flag's words
+    (`-n/--nproc`, `--max-restarts 1`). A bare word counts as a keyword when it has an
+    underscore or is named in `parts` (`nproc`), so prose words stay as they are. Where
+    the advice is still Python's (`None`, a dict), the flag's help, which says how the
+    command asks for the same thing, or `default`. Errors of other values come back as
+    they are.
+
+    Args:
+        exc: what the function raised for a value the parsed flags gave it.
+        flags: {keyword: the flags that set it, e.g. "-n/--nproc"}.
+        helps: {keyword: its flag's help text}.
+        parts: {keyword: flag} for words that are keywords without an underscore, and
+            for the second word of a compound `what` ("fault rank": {"rank": "--kill-rank"}).
+        default: the advice when a keyword has no help.
+    """
+    words = exc.what.split()
+    if not words or words[0] not in flags:
+        return str(exc)
+    parts = dict(parts or {})
+
+    def flag(m: re.Match) -> str:
+        name, assigned = m[1], m[2]
+        if name not in flags or not (assigned or "_" in name or name in parts):
+            return m[0]
+        return flags[name] + (" " if assigned else "")
+
+    def said(text: str) -> str:
+        return re.sub(r"(?<![-\w])([a-z_]+)(=(?=\S))?", flag, text)
+
+    fix = said(exc.fix)
+    if "None" in fix or "{" in fix or "=..." in fix:  # still Python's words
+        fix = f"--help says: {helps[words[0]]}" if helps and words[0] in helps else default or fix
+    what = parts.get(words[1], exc.what) if len(words) > 1 else flags[words[0]]
+    return f"{what}: expected {said(exc.expected.removesuffix(' or None'))}, got {said(repr(exc.given))}; {fix}"
 
 
 class LaunchConfigError(InputError):

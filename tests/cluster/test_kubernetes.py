@@ -21,6 +21,7 @@ import pytest
 from helpers import REPO
 import yaml
 
+from labutils.cli import main
 from labutils.errors import InputError
 from labutils.cluster.kubernetes import (CONTAINER_COURSE_DIR, RENDEZVOUS_PORT, add_subcommand, pytorchjob,
                                  to_yaml)
@@ -271,12 +272,12 @@ def test_good_images(image):
     ({"elastic": (1, 2), "nnodes": 3}, "elastic"),
     ({"elastic": (1, 4), "launcher": "labutils"}, "launcher"),
     ({"launcher": "mpirun"}, "launcher"),
-    ({"restart_policy": "Sometimes"}, "restart policy"),
-    ({"max_restarts": -1}, "max restarts"),
+    ({"restart_policy": "Sometimes"}, "restart_policy"),
+    ({"max_restarts": -1}, "max_restarts"),
     ({"cpu": "four"}, "cpu"),
     ({"memory": "8 GB"}, "memory"),
-    ({"volume_claim": "Course Runs"}, "volume claim"),
-    ({"mount_path": "mnt/shared"}, "mount path"),
+    ({"volume_claim": "Course Runs"}, "volume_claim"),
+    ({"mount_path": "mnt/shared"}, "mount_path"),
 ])
 def test_bad_input_is_one_clear_line(kwargs, what):
     with pytest.raises(InputError) as info:
@@ -331,8 +332,8 @@ def test_cli_prints_the_manifest_without_out(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("extra, what", [
-    (["--nnodes", "0"], "nnodes"),
-    (["--image", "Not An Image"], "image"),
+    (["--nnodes", "0"], "--nnodes"),
+    (["--image", "Not An Image"], "--image"),
     (["--elastic", "4"], "--elastic"),
 ])
 def test_cli_bad_input_exits_2_and_writes_nothing(extra, what, tmp_path, monkeypatch, capsys):
@@ -344,3 +345,20 @@ def test_cli_bad_input_exits_2_and_writes_nothing(extra, what, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert err.startswith(f"labutils k8s: {what}: expected") and err.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--nnodes", "0"], "--nnodes: expected an integer >= 1, got 0; pass --nnodes >= 1"),
+    (["--max-restarts", "-1"], "--max-restarts: expected an integer >= 0, got -1"),
+    (["--memory", "lots"], "--memory: expected a memory quantity like 8Gi or 512Mi, got 'lots'"),
+    (["-n", "4", "--gpus-per-node", "2"], "pass -n/--nproc 2 or --gpus-per-node 4"),
+    (["--volume", "Course Runs"], "--volume: expected the name of a PersistentVolumeClaim"),
+])
+def test_cli_errors_name_the_flags(argv, said, capsys):
+    """The manifest's checks speak of pytorchjob()'s keywords; the command says its flags."""
+    words = ["k8s", str(REPO / "lessons" / "00_first_distributed_run" / "first_allreduce.py"),
+             "--nnodes", "2", "-n", "2", "--image", IMAGE]
+    assert main([*words, *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("labutils k8s: ") and said in err[0], err
+    assert not re.search(r"(?<![-\w])(nproc|nnodes|max_restarts|gpus_per_node|volume_claim)\b", err[0])

@@ -185,7 +185,7 @@ def test_cli_writes_the_script(tmp_path, capsys):
     assert ns.handler(ns) == 0 and capsys.readouterr().out.startswith("#!/bin/bash")
     ns = _cli(["slurm", "train.py", "--nodes", "0", "--nproc", "1"])
     assert ns.handler(ns) == 2
-    assert capsys.readouterr().err.startswith("labutils slurm: nnodes: expected an integer >= 1")
+    assert capsys.readouterr().err.startswith("labutils slurm: --nodes: expected an integer >= 1, got 0; pass e.g. --nodes 2")
 
 
 def test_submit_errors_are_one_line(tmp_path, monkeypatch):

@@ -352,6 +352,13 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     lab = REPO / "labs" / LABS[0]
     assert cli(["grade", str(lab), str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "o")]) == 2
     assert "submission not found" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("my answer\n")
+    assert cli(["grade", str(lab), str(tmp_path / "notes.txt"), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot grade" in capsys.readouterr().err
+    assert cli(["grade", str(lab), str(lab), "--out", "/proc/no/such"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "labutils grade: --out /proc/no/such: cannot make the folder (No such file or directory); "
+        "expected a folder this user can write, e.g. --out grades"]
     assert cli(["grade", str(tmp_path), str(lab), "--out", str(tmp_path / "o")]) == 2
     with pytest.raises(GradingError, match="jobs"):
         grade(lab, [lab], out_dir=tmp_path / "o", jobs=0)

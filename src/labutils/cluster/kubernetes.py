@@ -15,7 +15,7 @@ from pathlib import Path
 
 from labutils.cluster.pytorchjob import CONTAINER_COURSE_DIR, RENDEZVOUS_PORT, pytorchjob, to_yaml
 from labutils.cluster.pytorchjob_checks import LAUNCHERS, RESTART_POLICIES
-from labutils.errors import InputError
+from labutils.errors import InputError, in_flag_words
 
 __all__ = ["CONTAINER_COURSE_DIR", "RENDEZVOUS_PORT", "pytorchjob", "to_yaml", "add_subcommand"]
 
@@ -56,6 +56,14 @@ def add_subcommand(sub) -> None:
     p.set_defaults(handler=run_k8s)
 
 
+# pytorchjob()'s keywords and the flags of `labutils k8s` that set them
+K8S_FLAGS = {"nnodes": "--nnodes", "nproc": "-n/--nproc", "image": "--image", "name": "--name",
+             "gpus_per_node": "--gpus-per-node", "cpu": "--cpu", "memory": "--memory",
+             "restart_policy": "--restart-policy", "elastic": "--elastic", "max_restarts": "--max-restarts",
+             "volume_claim": "--volume", "mount_path": "--mount-path", "launcher": "--launcher",
+             "script": "script"}
+
+
 def run_k8s(ns: argparse.Namespace) -> int:
     """Handler of ``labutils k8s``: write or print the manifest; 0, or 2 for bad input.
 
@@ -71,7 +79,8 @@ def run_k8s(ns: argparse.Namespace) -> int:
             max_restarts=ns.max_restarts, volume_claim=ns.volume, mount_path=ns.mount_path,
             launcher=ns.launcher)
     except InputError as exc:
-        print(f"labutils k8s: {exc}", file=sys.stderr)
+        print(f"labutils k8s: {in_flag_words(exc, K8S_FLAGS, parts={'nproc': '-n/--nproc', 'nnodes': '--nnodes'})}",
+              file=sys.stderr)
         return 2
     text = to_yaml(manifest)
     if ns.out is None:

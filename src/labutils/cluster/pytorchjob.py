@@ -125,7 +125,7 @@ def pytorchjob(
     if restart_policy is None:
         restart_policy = "OnFailure" if elastic else "Never"
     if restart_policy not in RESTART_POLICIES:
-        raise InputError("restart policy", expected=" / ".join(RESTART_POLICIES), given=restart_policy,
+        raise InputError("restart_policy", expected=" / ".join(RESTART_POLICIES), given=restart_policy,
                          fix="pass e.g. restart_policy='Never'")
     cpu = str(nproc) if cpu is None else str(cpu)
     check_pod_resources(cpu=cpu, memory=memory, volume_claim=volume_claim, mount_path=mount_path)

@@ -69,7 +69,7 @@ def check_counts(*, nnodes: int, nproc: int, gpus_per_node: int, max_restarts: i
         max_restarts: torchrun's restarts, 0 or more.
     """
     for what, value, low in (("nnodes", nnodes, 1), ("nproc", nproc, 1),
-                             ("gpus per node", gpus_per_node, 0), ("max restarts", max_restarts, 0)):
+                             ("gpus_per_node", gpus_per_node, 0), ("max_restarts", max_restarts, 0)):
         if not whole_number(value) or value < low:
             raise InputError(what, expected=f"an integer >= {low}", given=value,
                              fix=f"pass {what} >= {low}")
@@ -116,11 +116,11 @@ def check_pod_resources(*, cpu: str, memory: str | None, volume_claim: str | Non
                          fix="pass e.g. memory='8Gi'")
     if volume_claim is not None and not (isinstance(volume_claim, str)
                                          and _DNS_LABEL.match(volume_claim.replace(".", "-"))):
-        raise InputError("volume claim", expected="the name of a PersistentVolumeClaim (lowercase "
+        raise InputError("volume_claim", expected="the name of a PersistentVolumeClaim (lowercase "
                          "letters, digits, '-', '.')", given=volume_claim,
                          fix="pass e.g. volume_claim='course-runs'")
     if not isinstance(mount_path, str) or not mount_path.startswith("/"):
-        raise InputError("mount path", expected="an absolute path", given=mount_path,
+        raise InputError("mount_path", expected="an absolute path", given=mount_path,
                          fix="pass e.g. /mnt/shared")
 
 

@@ -31,7 +31,7 @@ from labutils.cluster.sbatch import (
     torchrun_node_command,
 )
 from labutils.cluster.slurm_job import ACTIVE_STATES, SlurmError, SlurmJob, check_cluster
-from labutils.errors import InputError
+from labutils.errors import InputError, in_flag_words
 
 __all__ = [
     "ACTIVE_STATES", "NodeCommand", "NodeValues", "ShellRef", "SlurmError", "SlurmJob",
@@ -74,6 +74,14 @@ def add_subcommand(sub) -> argparse.ArgumentParser:
     return p
 
 
+# sbatch_script()'s keywords and the flags of `labutils slurm` that set them
+SLURM_FLAGS = {"nnodes": "--nodes", "nproc_per_node": "--nproc", "nproc": "--nproc",
+               "time_limit": "--time", "partition": "--partition", "gpus_per_node": "--gpus-per-node",
+               "cpus_per_task": "--cpus-per-task", "job_name": "--job-name", "rdzv_port": "--port",
+               "python": "--python", "run_dir": "--run-dir", "output": "--job-output",
+               "script": "script"}
+
+
 def run_subcommand(ns: argparse.Namespace) -> int:
     """`labutils slurm`: write the script, submit it if asked; return the exit status.
 
@@ -96,7 +104,8 @@ def run_subcommand(ns: argparse.Namespace) -> int:
             print(f"labutils slurm: submitted job {job.job_id}; output: {job.output_path}; "
                   f"stop it with: scancel {job.job_id}", file=sys.stderr)
     except InputError as exc:
-        print(f"labutils slurm: {exc}", file=sys.stderr)
+        print(f"labutils slurm: {in_flag_words(exc, SLURM_FLAGS, parts={'nproc': '--nproc'})}",
+              file=sys.stderr)
         return 2
     except (SlurmError, OSError) as exc:
         print(f"labutils slurm: {exc}", file=sys.stderr)

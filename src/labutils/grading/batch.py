@@ -299,7 +299,20 @@ def grade(
     paths = [Path(s).resolve() for s in submissions]
     missing = [str(s) for s, p in zip(submissions, paths) if not p.exists()]
     if missing:
-        raise GradingError(f"submission not found: {', '.join(missing)}")
+        raise GradingError(f"submission not found: {', '.join(missing)}; expected notebooks "
+                           f"(.ipynb), folders or a Canvas zip; the current folder is {os.getcwd()}")
+    odd = [str(s) for s, p in zip(submissions, paths) if p.is_file() and p.suffix not in (".ipynb", ".zip")]
+    if odd:
+        raise GradingError(f"cannot grade {', '.join(odd)}: expected notebooks (.ipynb), folders "
+                           "(a learner's copy of the lab) or Canvas's Download Submissions zip")
+    if not whole_number(jobs) or jobs < 1:
+        raise GradingError(f"jobs: expected a whole number >= 1, got {jobs!r}; pass e.g. --jobs 2 "
+                           "(submissions graded at the same time)")
+    try:
+        Path(out_dir).resolve().mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GradingError(f"--out {out_dir}: cannot make the folder ({exc.strerror}); expected a "
+                           "folder this user can write, e.g. --out grades") from None
     if any(p.suffix == ".zip" for p in paths):  # Canvas's Download Submissions zip
         from labutils.grading.export import unpack_canvas
 
@@ -310,10 +323,7 @@ def grade(
             if p.suffix == ".zip" else [p])]
     if not paths:
         raise GradingError("no submission given")
-    if not whole_number(jobs) or jobs < 1:
-        raise GradingError(f"jobs: expected a whole number >= 1, got {jobs!r}")
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     batch = Batch(the_lab, out_dir=out, timeout=timeout, isolate=isolate)
     names = submission_names(paths)
     batch.order = names

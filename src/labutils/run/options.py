@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from labutils.errors import InputError, LaunchConfigError
+from labutils.errors import InputError, LaunchConfigError, in_flag_words
 from labutils.run.spec import BACKENDS
 
 REQUIRED = inspect.Parameter.empty  # the default of an argument launch() requires (script)
@@ -324,35 +323,16 @@ def _flag_names(option: Option) -> str:
 
 
 def command_line_error(exc: InputError) -> str:
-    """launch()'s one-line error as someone who typed flags reads it: each launch()
-    keyword in it (`nproc`, `max_restarts=1`) as its flag (`-n/--nproc`,
-    `--max-restarts 1`); where the advice is still Python's (`None`), the flag's help
-    instead, which says how the command line asks for the same thing.
+    """launch()'s one-line error in the words of `labutils launch`'s and %%torchrun's
+    flags (errors.in_flag_words): `-n/--nproc 2`, not `nproc=2`.
 
     Args:
         exc: what launch() raised for a value the parsed flags gave it.
     """
-    words = exc.what.split()
-    option = BY_NAME.get(words[0]) if words else None
-    if option is None or not option.flags or option.name == "script":
-        return str(exc)
-    flagged = {name for name, o in BY_NAME.items() if o.flags and name != "script"}
-
-    def in_flags(text: str) -> str:  # "max_restarts=1" and "max_restarts" (never "fault")
-        def flag(m: re.Match) -> str:
-            name, assigned = m[1], m[2]
-            if name not in flagged or not (assigned or "_" in name or name in ("nproc", "nnodes")):
-                return m[0]
-            return _flag_names(BY_NAME[name]) + (" " if assigned else "")
-        return re.sub(r"(?<![-\w])([a-z_]+)(=(?=\S))?", flag, text)
-
-    expected = in_flags(exc.expected.removesuffix(" or None"))
-    given = in_flags(repr(exc.given))
-    fix = in_flags(exc.fix)
-    if "None" in fix or "{" in fix or "=..." in fix:  # still Python's words
-        fix = (f"--help says: {option.flags[0].help}" if len(option.flags) == 1 else
-               f"see {GROUPS[option.group][0] if option.group else 'its flags'} in labutils launch --help")
-    part = {"rank": "--kill-rank", "agent": "--kill-agent", "step": "--kill-at-step"}
-    what = (part.get(words[1], exc.what) if option.name == "fault" and len(words) > 1
-            else _flag_names(option))
-    return f"{what}: expected {expected}, got {given}; {fix}"
+    chosen = [o for o in OPTIONS if o.flags and o.name != "script"]
+    return in_flag_words(
+        exc, {o.name: _flag_names(o) for o in chosen},
+        helps={o.name: o.flags[0].help for o in chosen if len(o.flags) == 1},
+        parts={"nproc": "-n/--nproc", "nnodes": "--nnodes",
+               "rank": "--kill-rank", "agent": "--kill-agent", "step": "--kill-at-step"},
+        default=f"see {GROUPS['fault'][0]} in labutils launch --help")
