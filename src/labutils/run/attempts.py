@@ -158,6 +158,16 @@ class AttemptFold:
         return self.set_state(r, RankStatus.KILLED if code == -signal.SIGTERM
                               else RankStatus.FAILED)
 
+    def begins_attempt(self, rank: int, ev: dict) -> bool:
+        """Whether folding this event of this rank would end the current attempt and
+        begin the next (a start event of a new rendezvous round, or a second start of a
+        rank in the same attempt)."""
+        if ev.get("kind") != "start" or self.current is None:
+            return False
+        key = ev.get("round") or f"restart {int(ev.get('restart', 0))}"
+        return key not in self.old_rounds and (
+            key != self.current.round or self.ranks[rank].attempt == self.index)
+
     def _start(self, r: RankState, ev: dict) -> list[Change]:
         restart = int(ev.get("restart", 0))
         key = ev.get("round") or f"restart {restart}"
@@ -166,7 +176,7 @@ class AttemptFold:
         changes: list[Change] = []
         if self.current is None:
             self._open(key, ev)
-        elif key != self.current.round or r.attempt == self.index:
+        elif self.begins_attempt(r.rank, ev):
             previous = self.current.world_size
             self._close(self.current, int(ev.get("world_size", 1)))
             self.old_rounds.add(self.current.round)

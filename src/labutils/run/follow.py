@@ -340,21 +340,35 @@ class Run:
         # Events of all ranks in the order they happened, so that the last events of
         # one attempt are never taken for the next attempt's.
         events: list[tuple[float, int, int, dict]] = []
+        lines: list[tuple[int, str, list[str]]] = []
         for rank, (output, tail) in enumerate(zip(self.state.output, self.events)):
             new_events = tail.poll(final=final)
             events.extend((ev.get("t", 0.0), rank, i, ev) for i, ev in enumerate(new_events))
             new = output.poll(final=final)
-            for stream, lines in new.items():
-                self.display.lines(rank, stream, lines)
+            lines.extend((rank, stream, text) for stream, text in new.items())
             if new_events or new:
                 self.last_activity = time.monotonic()
         # how the agents saw ranks end (rank -1: the fold finds the rank by its pid)
         events.extend((rec.get("t", 0.0), -1, i, rec)
                       for i, rec in enumerate(self.endings.poll(final=final)))
-        for _, rank, _, event in sorted(events, key=lambda e: e[:3]):
-            changes = self.state.fold.apply(rank, event) if rank >= 0 else self.state.fold.reaped(event)
+        events.sort(key=lambda e: e[:3])
+        # Output read with the start of a new attempt is (almost always: the old one's
+        # ranks were ended a rendezvous round before) the new attempt's: shown after
+        # the notes that end the old attempt and begin the new one.
+        fold = self.state.fold
+        restarting = any(fold.begins_attempt(rank, ev) for _, rank, _, ev in events if rank >= 0)
+        if not restarting:
+            self._show_lines(lines)
+        for _, rank, _, event in events:
+            changes = fold.apply(rank, event) if rank >= 0 else fold.reaped(event)
             for change in changes:
                 self._show(change)
+        if restarting:
+            self._show_lines(lines)
+
+    def _show_lines(self, lines: list[tuple[int, str, list[str]]]) -> None:
+        for rank, stream, text in lines:
+            self.display.lines(rank, stream, text)
 
     def _show(self, change: tuple) -> None:
         kind = change[0]

@@ -1,0 +1,89 @@
+"""The follow loop's order of what it shows, without torchrun: a fake back end writes a
+run folder in phases, one phase per turn of the loop, as ranks and torchrun would."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from replay import ReplayAgents
+
+from labutils.run.backends import LocalAgents
+from labutils.run.display import Display
+from labutils.run.follow import Run
+from labutils.run.spec import make_spec, new_run_dir
+from labutils.run.warm import Start
+from labutils.runtime import runfiles
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "endings.py"
+
+
+def _start(rank: int, restart: int, round_: str, t: float) -> dict:
+    return {"kind": "start", "t": t, "pid": 1000 + 10 * restart + rank, "main_tid": 1, "restart": restart,
+            "local_rank": rank, "world_size": 2, "host": "vm", "round": round_, "agent": 0,
+            "group_rank": 0, "node": ""}
+
+
+# What each rank writes in each phase: (events, stdout lines). In the last phase the
+# restarted ranks' start events and their first output arrive in one turn of the loop.
+PHASES = [
+    {0: ([_start(0, 0, "h:1", 1.0)], ["step 0"]), 1: ([_start(1, 0, "h:1", 1.0)], ["step 0"])},
+    {0: ([_start(0, 1, "h:2", 3.0), {"kind": "exit", "t": 4.0, "code": 0, "restart": 1}], ["resuming at step 1"]),
+     1: ([_start(1, 1, "h:2", 3.0), {"kind": "exit", "t": 4.0, "code": 0, "restart": 1}], ["resuming at step 1"])},
+]
+
+
+class PhasedAgents(ReplayAgents):
+    """One agent that writes the next phase of the run folder each time it is asked
+    whether it is alive, and exits with 0 after the last."""
+
+    def __init__(self, spec, run_dir: Path) -> None:  # ReplayAgents', without a recording
+        LocalAgents.__init__(self, spec, run_dir, "", port=0, run_id="phased")
+        self.run_dir, self.phases, self.stopped = run_dir, list(PHASES), []
+        self.meta = {"agent_exit_code": 0}
+        self.startup = Start("cold", "a fake back end")
+
+    def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
+        self._write(self.phases.pop(0))
+
+    def _write(self, phase: dict) -> None:
+        for rank, (events, lines) in phase.items():
+            runfiles.rank_dir(self.run_dir, rank).mkdir(parents=True, exist_ok=True)
+            with open(runfiles.rank_dir(self.run_dir, rank) / "events.jsonl", "a") as fh:
+                fh.writelines(json.dumps(ev) + "\n" for ev in events)
+            with open(runfiles.stream_path(self.run_dir, rank, "stdout"), "a") as fh:
+                fh.writelines(line + "\n" for line in lines)
+
+    def any_alive(self) -> bool:
+        if self.phases:
+            self._write(self.phases.pop(0))
+            return True
+        return False
+
+
+class Said(Display):
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[str] = []
+
+    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        self.said += [f"[rank {rank}] {line}" for line in lines]
+
+    def note(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_a_restarted_ranks_first_lines_come_after_the_notes_of_its_restart(tmp_path):
+    spec = make_spec(SCRIPT, 2, max_restarts=1)
+    display = Said()
+    run = Run(spec, new_run_dir(spec.script, tmp_path), display,
+              backend=lambda spec, run_dir: PhasedAgents(spec, run_dir))
+    assert run.run().ok
+    said = [line for line in display.said if not line.startswith("run ")]
+    restart = next(i for i, line in enumerate(said) if line.startswith("restart 1:"))
+    attempt = next(i for i, line in enumerate(said) if line.startswith("attempt 0:"))
+    resumed = [i for i, line in enumerate(said) if "resuming" in line]
+    assert said[:2] == ["[rank 0] step 0", "[rank 1] step 0"], said
+    assert len(resumed) == 2 and attempt < restart < min(resumed), said
+
