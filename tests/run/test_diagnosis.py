@@ -200,6 +200,38 @@ def test_a_rank_blocked_in_ddp_backward_waits_in_a_collective(tmp_path):
     assert hang.calls[0] == "backward" and hang.stragglers == [1]
 
 
+
+def _dump(tmp_path, line: int, *frames: tuple[str, int, str]) -> str:
+    """A faulthandler dump of a main thread: library frames (innermost first), then train.py."""
+    return ('Thread 0x0000000000000001 (most recent call first):\n'
+            + "".join(f'  File "/x/site-packages/torch/{f}", line {n} in {func}\n' for f, n, func in frames)
+            + f'  File "{tmp_path}/train.py", line {line} in <module>\n')
+
+
+def test_a_rank_in_ddps_forward_or_constructor_waits_in_ddps_collective(tmp_path):
+    """DDP's forward broadcasts (the bucket rebuild of the second iteration, the buffers)
+    and its constructor checks and broadcasts the parameters, in C++ below DDP's own
+    Python frames: a rank blocked there waits in a collective, it is no straggler
+    (lab 02: rank 0's extra all_reduce against rank 1's bucket-rebuild broadcast)."""
+    module = [("nn/modules/module.py", 1789, "_call_impl"), ("nn/modules/module.py", 1778, "_wrapped_call_impl")]
+    rebuild = _dump(tmp_path, 47, ("nn/parallel/distributed.py", 1775, "_pre_forward"),
+                    ("nn/parallel/distributed.py", 1886, "forward"), *module)
+    buffers = _dump(tmp_path, 36, ("nn/parallel/distributed.py", 2312, "_default_broadcast_coalesced"),
+                    ("nn/parallel/distributed.py", 2290, "_sync_buffers"),
+                    ("nn/parallel/distributed.py", 1782, "_pre_forward"),
+                    ("nn/parallel/distributed.py", 1886, "forward"), *module)
+    built = _dump(tmp_path, 20, ("distributed/utils.py", 300, "_verify_param_shape_across_processes"),
+                  ("nn/parallel/distributed.py", 830, "__init__"))
+    computing = _dump(tmp_path, 47, ("nn/modules/linear.py", 134, "forward"), *module)
+    all_reduce = _dump(tmp_path, 56, ("distributed/distributed_c10d.py", 3252, "all_reduce"),
+                       ("distributed/c10d_logger.py", 83, "wrapper"))
+    hang = analyse_hang({0: all_reduce, 1: rebuild, 2: buffers, 3: built, 4: computing},
+                        dict.fromkeys(range(5), 1), str(tmp_path / "train.py"))
+    assert hang.calls == {0: "all_reduce", 1: "forward", 2: "forward", 3: "DistributedDataParallel", 4: ""}
+    assert hang.stragglers == [4]  # a module's own forward computes: no collective
+    pair = analyse_hang({0: all_reduce, 1: rebuild}, {0: 1, 1: 1}, str(tmp_path / "train.py"))
+    assert pair.stragglers == [] and "do not match" in pair.explanation
+
 GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
                 "8000ms for recv operation to complete")
 NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "

@@ -21,6 +21,14 @@ from labutils.runtime.runfiles import relative_path, short_path
 
 # The module whose outermost frame is the torch.distributed call a script made.
 COLLECTIVE_FILES = ("distributed_c10d.py",)
+# DDP's own collectives that run in C++ below a Python frame of DDP's: the name a hang
+# report gives them, and (file, functions) whose frame shows a rank waits in one.
+DDP_COLLECTIVES = {
+    "forward": ("nn/parallel/distributed.py", ("_pre_forward", "_sync_buffers", "_sync_module_buffers",
+                                               "_default_broadcast_coalesced")),
+    "DistributedDataParallel": ("distributed/utils.py", ("_verify_param_shape_across_processes",
+                                                          "_sync_module_states", "_sync_params_and_buffers")),
+}
 
 
 def where_text(path: str | None) -> str:
@@ -81,7 +89,11 @@ def collective_of(frames: list[Frame], at: Frame | None) -> str:
     """The torch.distributed call the rank is inside (closest to the learner's line).
 
     A rank stuck in backward() waits for DDP's gradient all-reduce (the reducer runs
-    it from autograd hooks, out of sight of Python), so backward counts as one.
+    it from autograd hooks, out of sight of Python), so backward counts as one; so does
+    DDP's forward when the rank waits in its pre-forward step (from the second
+    iteration on, the reducer's bucket rebuild broadcasts the new bucket order; with
+    buffers, their broadcast), and DDP's constructor in its checks and broadcast of
+    the parameters across ranks: those collectives run in C++ too.
     """
     inner = frames[: frames.index(at)] if at is not None and at in frames else frames
     names = [fr.func for fr in inner if fr.file.endswith(COLLECTIVE_FILES)]
@@ -89,6 +101,10 @@ def collective_of(frames: list[Frame], at: Frame | None) -> str:
         return names[-1]
     if any(fr.func == "backward" and "torch" in fr.file for fr in inner):
         return "backward"
+    for fr in inner:
+        for name, (file, funcs) in DDP_COLLECTIVES.items():
+            if fr.file.endswith(file) and fr.func in funcs:
+                return name
     return ""
 
 
