@@ -2,7 +2,7 @@
 measured in a case the public checks do not show: other tensor sizes at 4 ranks, a world
 size they do not use, some sizes smaller than it, most not divisible by it."""
 
-from checks import _bytes_sent, _rows, _run, _traffic
+from checks import _bytes_sent, _not_like_all_reduce, _rows, _run, _traffic
 
 from labutils.grading import check
 
@@ -22,9 +22,7 @@ def other_sizes(c):
     if not c.completed(run, label):
         return
     rows = _rows(run)
-    wrong = [f"rank {r['rank']}, size {r['size']}: "
-             + (f"max error {r['max_error']:.3g}" if not r["max_error"] <= 1e-4 else "not in place")
-             for r in rows if not (r["max_error"] <= 1e-4 and r["in_place"])]
+    wrong = [f"rank {r['rank']}, size {r['size']}: {why}" for r in rows if (why := _not_like_all_reduce(r))]
     c.expect(not wrong and len(rows) == NPROC * len(SIZES), f"{label}: results",
              measured="; ".join(wrong[:4]) or f"{len(rows)} results, all equal to dist.all_reduce",
              expected="the sum over all ranks, in the input tensor, within 1e-4")

@@ -5,7 +5,7 @@
 
 It tests the ring.py of the current folder (or the one --ring names).
 
-For each size, every rank reports report(size=..., max_error=..., in_place=...,
+For each size, every rank reports report(size=..., max_error=..., in_place=..., returned=...,
 bytes_sent=..., collectives=[...]): the largest difference from dist.all_reduce,
 whether the input tensor itself holds the sum, the bytes this rank sent inside
 ring_all_reduce, and any library collective it called (both counted at the process
@@ -47,7 +47,14 @@ for size in [int(s) for s in args.sizes.split(",")]:
     sent = sum(n for name, n in traffic[before:] if name == "send")
     collectives = [name for name, _ in traffic[before:] if name not in POINT_TO_POINT]
     error = (mine - expected).abs().max().item()
-    report(size=size, max_error=error, in_place=returned is mine, bytes_sent=sent,
+    if returned is mine:
+        what = "the input"
+    elif isinstance(returned, torch.Tensor) and returned.shape == expected.shape:
+        summed = (returned - expected).abs().max().item() <= 1e-4
+        what = "a new tensor holding the sum" if summed else "a new tensor"
+    else:
+        what = repr(returned)[:40]  # None, a Work, ...
+    report(size=size, max_error=error, in_place=returned is mine, returned=what, bytes_sent=sent,
            collectives=collectives)
     print0(f"size {size}: max error {error:.2e}, rank 0 sent {sent} bytes "
            f"({sent / (4 * size):.2f} x the tensor)")

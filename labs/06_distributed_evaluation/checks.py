@@ -54,8 +54,9 @@ def _result(c, nproc, items, label):
 def _counted_once(c, nproc, items, label) -> None:
     row = _result(c, nproc, items, label)
     if row is not None:
-        got = row.get("predictions", "no report from rank 0")
-        c.expect(got == items, label, measured=f"{got} predictions counted",
+        got = row.get("predictions")
+        c.expect(got == items, label, measured=f"{got} predictions counted" if got is not None
+                 else "rank 0 reported no prediction count (report(predictions=...))",
                  expected=f"{items}: padded duplicates from DistributedSampler must not count")
 
 
@@ -65,7 +66,8 @@ def _same_accuracy(c, nproc, items, label, *, weight: float = 1.0) -> None:
     if row is not None:
         got = row.get("accuracy")
         c.expect(got is not None and abs(got - correct / items) < 1e-9, label,
-                 measured=f"accuracy {got}", weight=weight,
+                 measured=f"accuracy {got}" if got is not None
+                 else "rank 0 reported no accuracy (report(accuracy=...))", weight=weight,
                  expected=f"{correct / items} ({correct}/{items}), what one process computes")
 
 

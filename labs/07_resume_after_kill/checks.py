@@ -52,9 +52,14 @@ def _trains_as_given(c, plain) -> bool:
     diff = max((abs(a - b) for a, b in zip(got, expected)), default=float("inf"))
     if len(got) == len(expected) and diff <= 1e-5:
         return True
-    return c.expect(False, "uninterrupted run",
-                    measured=f"its final weights differ by up to {diff:.2e} from one process "
-                             f"replaying train.py's training",
+    if not got:
+        measured = "no final weights were measured (did rank 0 finish its training?)"
+    elif len(got) != len(expected):
+        measured = (f"its model has {len(got)} weights, the lab's {len(expected)}: the model "
+                    "itself was changed")
+    else:
+        measured = f"its final weights differ by up to {diff:.2e} from one process replaying train.py's training"
+    return c.expect(False, "uninterrupted run", measured=measured,
                     expected="the training train.py was given (SGD, lr 0.05, momentum 0.9), "
                              "within 1e-5")
 

@@ -151,7 +151,8 @@ def equals_one_process(c):
         c.expect(len(digests) == nproc and len(set(digests.values())) == 1 and diff <= 1e-5,
                  f"{nproc} ranks x batch {batch} = 1 rank x batch {GLOBAL_BATCH}",
                  measured=f"sha256 per rank {digests}; largest difference from one process "
-                          f"{diff:.2e}",
+                          + (f"{diff:.2e}" if not math.isnan(diff) else
+                             "not a number: some weights are NaN (a corrupt step was trained on?)"),
                  expected="bitwise identical weights on every rank, at most 1e-5 from one process")
 
 
@@ -161,8 +162,8 @@ def diagnosis(c):
     wanted = {"rank": "the rank that waits in a collective which no other rank called",
               "line": "the innermost line of the script in that rank's stack: where it called "
                       "into torch",
-              "collective": "the torch.distributed function that rank waits in (backward for "
-                            "DDP's gradient all-reduce)"}
+              "collective": "the torch.distributed function that rank waits in, as the "
+                            "hang report names it (e.g. all_reduce)"}
     saved = _answer(c)
     if isinstance(saved, str):
         for key in wanted:

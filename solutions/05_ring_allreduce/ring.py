@@ -9,7 +9,8 @@ between ring neighbours. The tensor is cut into n chunks (n = world size):
    of chunk (r + 1) % n;
 2. all-gather, n-1 steps: the complete chunks travel once around the ring.
 
-Each rank sends 2(n-1) chunks, 2(n-1)/n of the tensor, whatever n is. Sends and
+Each rank sends 2(n-1) chunks: 2(n-1)/n of the tensor when the chunks are equal, and
+on average over the ranks at any size (uneven chunks differ by one element). Sends and
 receives are posted together (isend/irecv) and then waited on: with a blocking
 send first, every rank would wait in send for a neighbour that is itself waiting
 in send, and the ring would deadlock.
