@@ -1,4 +1,5 @@
-"""The `labutils` command: launch, doctor, grade, release, autograder, export, k8s, slurm."""
+"""The `labutils` command: launch, doctor, grade, debug, release, wrongfixes, autograder,
+export, k8s, slurm."""
 
 from __future__ import annotations
 
@@ -104,16 +105,18 @@ def _cmd_debug(ns: argparse.Namespace) -> int:
 def _grade_parser(sub) -> None:
     p = sub.add_parser(
         "grade", help="grade submissions of a lab: run each notebook, then the checks",
-        description="Grade SUBMISSIONs (notebooks, or folders with one) of the lab in LAB: "
+        description="Grade SUBMISSIONs (notebooks, folders with one, or Canvas's Download "
+        "Submissions zip) of the lab in LAB: "
         "run each notebook with papermill in a sandbox, then the lab's checks on the "
         "submitted scripts in a separate process. Writes DIR/<name>/results.json "
         "(Gradescope format), DIR/<name>/feedback.html and DIR/grades.csv. Exit status: 0 "
         "when grading worked, whatever the scores; 1 when the grader failed on a "
-        "submission; 2 for a usage error.",
+        "submission; 2 for a usage error; 130 when interrupted (Ctrl-C).",
     )
     p.add_argument("lab", help="the lab folder (lab.json, notebook, scripts, checks.py)")
     p.add_argument("submissions", nargs="+", metavar="SUBMISSION",
-                   help="a submitted notebook (its folder holds the scripts) or a folder")
+                   help="a submitted notebook (its folder holds the scripts), a folder, or a "
+                   "Canvas zip")
     p.add_argument("--out", default="grades", help="where results go (default ./grades)")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     p.add_argument("--timeout", type=float, default=None,

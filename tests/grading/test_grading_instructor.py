@@ -24,7 +24,7 @@ import pytest
 from helpers import REPO
 
 from labutils.grading import export, gradescope
-from labutils.grading.batch import GradingError, load_lab
+from labutils.grading.batch import GradingError, load_lab, max_score
 from labutils.grading.checks import VISIBILITY
 from labutils.grading.release import learner_files, release
 from labutils.grading.runner import HIDDEN_CHECKS_FILE
@@ -269,7 +269,12 @@ def test_an_empty_submission_still_gets_a_results_json(tmp_path):
     (root / "submission").mkdir(parents=True)
     data = gradescope.run(root)
     assert data["score"] == 0 and "submission is empty" in data["output"]
+    assert data["max_score"] == 0 and data["execution_time"] >= 0  # no lab to count its points
     assert json.loads((root / "results" / "results.json").read_text()) == data
+    shutil.copytree(REPO / "labs" / LABS[0], root / "source" / "lab")
+    data = gradescope.run(root)
+    assert data["score"] == 0 and data["max_score"] == max_score(load_lab(root / "source" / "lab")) > 0
+    assert {"score", "max_score", "execution_time", "output", "tests"} <= set(data)
 
 
 @pytest.mark.skipif(not os.environ.get("LABUTILS_INSTALL_TESTS"),

@@ -11,7 +11,9 @@ inside ranks), runner (checks in their own process), notebook (locked cells,
 parameters), execute (papermill with a whole-notebook deadline and an output cap),
 sandbox (namespaces and limits), procs (process trees), supervisor (one
 submission, start to end), report (results.json, feedback page, grades.csv),
-batch (many submissions in parallel).
+batch (many submissions in parallel), release (a learner's copy of a lab), wrongfix
+(a lab's catalogue of wrong fixes, graded), gradescope (the autograder zip), export
+(grades for Canvas).
 """
 
 from labutils.grading.batch import GradingError, grade

@@ -150,6 +150,11 @@ def restore_lab(lab: Lab) -> list[str]:
     return changed
 
 
+def max_score(lab: Lab) -> float:
+    """The points a submission of the lab can get: the notebook's and every check's."""
+    return report.totals(_failed_tests(lab, ""))[1]
+
+
 def _failed_tests(lab: Lab, why: str) -> list[dict]:
     return [{"name": "The notebook runs from top to bottom",
              "max_score": float(lab.config.get("notebook_points", 1)), "score": 0.0,

@@ -26,11 +26,12 @@ import os
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
 from labutils.errors import GradingError
-from labutils.grading.batch import grade, load_lab
+from labutils.grading.batch import grade, load_lab, max_score
 from labutils.grading.report import gradescope_results, write_atomic
 
 ROOT_ENV = "AUTOGRADER_ROOT"
@@ -209,6 +210,7 @@ def run(root: Path) -> dict:
     """Grade root/submission against root/source/lab; write root/results/results.json."""
     results_path = root / "results" / "results.json"
     lab, submission = root / "source" / "lab", root / "submission"
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="labutils-gradescope-") as tmp:
         try:
             folder = find_submission(submission, lab)
@@ -216,7 +218,13 @@ def run(root: Path) -> dict:
             result["metadata"] = read_metadata(root / "submission_metadata.json")
             data = gradescope_results(result)
         except GradingError as exc:
-            data = {"score": 0.0, "output": f"The submission could not be graded: {exc}",
+            try:
+                points = max_score(load_lab(lab))
+            except GradingError:
+                points = 0.0
+            data = {"score": 0.0, "max_score": points,
+                    "execution_time": round(time.monotonic() - started, 2),
+                    "output": f"The submission could not be graded: {exc}",
                     "visibility": "visible", "tests": []}
     write_atomic(results_path, json.dumps(data, indent=2))
     return data

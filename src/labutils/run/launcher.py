@@ -106,8 +106,9 @@ def launch(
         warm: fork the run's torchrun agents from this caller's warm server, which
             has imported torch once, and let them fork the ranks (a run in about a
             second instead of several); False starts cold, a new interpreter each.
-            Runs where it does not apply start cold by themselves (jobs across
-            machines, SLURM, GPUs); result.start and .start_reason say which and why.
+            Runs where it does not apply start cold by themselves (GPUs, a SLURM
+            job's nodes, LABUTILS_START=cold); result.start and .start_reason say
+            which and why.
 
     Returns:
         RunResult. A Ctrl-C or Jupyter interrupt stops every rank, prints the

@@ -161,7 +161,8 @@ def make_spec(
         nproc: ranks per agent.
         args: the script's arguments, a list of strings.
         backend: "auto", "gloo" or "nccl" (nccl: a GPU per rank).
-        hang_timeout: seconds without progress before a hang; None or 0: never.
+        hang_timeout: seconds without progress before a hang (at least 0.5); None: never
+            (the command line's 0 is None).
         timeout: the run's wall-clock limit in seconds; None: none.
         max_restarts: torchrun's restarts after a failure.
         env: extra environment variables for the ranks.

@@ -11,11 +11,12 @@ restarts the ranks; the run folder, events, stacks, diagnosis and ownership are 
 of a cold run.
 
 Where a warm start does not apply, the run starts cold and says why
-(``result.start``, ``result.start_reason``); decide_start() is the one place that decides:
+(``result.start``, ``result.start_reason``); decide_start() decides for every run of
+this machine's agents (a SLURM job's nodes are started by the scheduler, cold:
+cluster/slurm_backend.py):
 
 - ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
   environment (every run of a kernel, a class or a test session cold);
-- a node of a job across machines, or a SLURM job (each node starts its own agents);
 - a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU):
   the course has tested warm starts on CPU only;
 - not Linux (fork, /proc and the subreaper are Linux's);
