@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TypeGuard
 
 
@@ -44,12 +44,13 @@ class InputError(LabutilsError, ValueError):
         super().__init__(f"{what}: expected {expected}, got {given!r}; {fix}")
 
 
-def in_flag_words(exc: InputError, flags: Mapping[str, str], *, helps: Mapping[str, str] | None = None,
-                  parts: Mapping[str, str] | None = None, default: str = "") -> str:
+def in_flag_words(exc: InputError, flags: Mapping[str, str], *, bare: Collection[str] = (),
+                  helps: Mapping[str, str] | None = None, parts: Mapping[str, str] | None = None,
+                  default: str = "") -> str:
     """An InputError of a Python function as someone who typed a command's flags reads
     it: each keyword of the function (`nproc`, `max_restarts=1`) in the flag's words
     (`-n/--nproc`, `--max-restarts 1`). A bare word counts as a keyword when it has an
-    underscore or is named in `parts` (`nproc`), so prose words stay as they are. Where
+    underscore or is named in `bare` (`nproc`), so prose words stay as they are. Where
     the advice is still Python's (`None`, a dict), the flag's help, which says how the
     command asks for the same thing, or `default`. Errors of other values come back as
     they are.
@@ -57,9 +58,9 @@ def in_flag_words(exc: InputError, flags: Mapping[str, str], *, helps: Mapping[s
     Args:
         exc: what the function raised for a value the parsed flags gave it.
         flags: {keyword: the flags that set it, e.g. "-n/--nproc"}.
+        bare: keywords without an underscore that are no prose word ("nproc").
         helps: {keyword: its flag's help text}.
-        parts: {keyword: flag} for words that are keywords without an underscore, and
-            for the second word of a compound `what` ("fault rank": {"rank": "--kill-rank"}).
+        parts: {second word of a compound `what`: its flag} ("fault rank": {"rank": "--kill-rank"}).
         default: the advice when a keyword has no help.
     """
     words = exc.what.split()
@@ -69,7 +70,7 @@ def in_flag_words(exc: InputError, flags: Mapping[str, str], *, helps: Mapping[s
 
     def flag(m: re.Match) -> str:
         name, assigned = m[1], m[2]
-        if name not in flags or not (assigned or "_" in name or name in parts):
+        if name not in flags or not (assigned or "_" in name or name in bare):
             return m[0]
         return flags[name] + (" " if assigned else "")
 

@@ -79,8 +79,7 @@ def run_k8s(ns: argparse.Namespace) -> int:
             max_restarts=ns.max_restarts, volume_claim=ns.volume, mount_path=ns.mount_path,
             launcher=ns.launcher)
     except InputError as exc:
-        print(f"labutils k8s: {in_flag_words(exc, K8S_FLAGS, parts={'nproc': '-n/--nproc', 'nnodes': '--nnodes'})}",
-              file=sys.stderr)
+        print(f"labutils k8s: {in_flag_words(exc, K8S_FLAGS, bare=('nproc', 'nnodes'))}", file=sys.stderr)
         return 2
     text = to_yaml(manifest)
     if ns.out is None:

@@ -104,7 +104,7 @@ def run_subcommand(ns: argparse.Namespace) -> int:
             print(f"labutils slurm: submitted job {job.job_id}; output: {job.output_path}; "
                   f"stop it with: scancel {job.job_id}", file=sys.stderr)
     except InputError as exc:
-        print(f"labutils slurm: {in_flag_words(exc, SLURM_FLAGS, parts={'nproc': '--nproc'})}",
+        print(f"labutils slurm: {in_flag_words(exc, SLURM_FLAGS, bare=('nproc', 'nnodes'))}",
               file=sys.stderr)
         return 2
     except (SlurmError, OSError) as exc:

@@ -333,6 +333,6 @@ def command_line_error(exc: InputError) -> str:
     return in_flag_words(
         exc, {o.name: _flag_names(o) for o in chosen},
         helps={o.name: o.flags[0].help for o in chosen if len(o.flags) == 1},
-        parts={"nproc": "-n/--nproc", "nnodes": "--nnodes",
-               "rank": "--kill-rank", "agent": "--kill-agent", "step": "--kill-at-step"},
+        bare=("nproc", "nnodes"),
+        parts={"rank": "--kill-rank", "agent": "--kill-agent", "step": "--kill-at-step"},
         default=f"see {GROUPS['fault'][0]} in labutils launch --help")
