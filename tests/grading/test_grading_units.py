@@ -362,6 +362,9 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert cli(["grade", str(tmp_path), str(lab), "--out", str(tmp_path / "o")]) == 2
     with pytest.raises(GradingError, match="jobs"):
         grade(lab, [lab], out_dir=tmp_path / "o", jobs=0)
+    for timeout in (0, -5.0, float("nan")):  # 0 once meant the lab's deadline, silently
+        with pytest.raises(GradingError, match="timeout: expected seconds > 0"):
+            grade(lab, [lab], out_dir=tmp_path / "o", timeout=timeout)
 
 
 @pytest.mark.parametrize(("files", "expected"), [

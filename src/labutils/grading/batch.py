@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labutils.errors import GradingError, whole_number
+from labutils.errors import GradingError, real_number, whole_number
 from labutils.grading import procs, report
 
 LAB_CONFIG = "lab.json"
@@ -313,6 +313,9 @@ def grade(
     if not whole_number(jobs) or jobs < 1:
         raise GradingError(f"jobs: expected a whole number >= 1, got {jobs!r}; pass e.g. --jobs 2 "
                            "(submissions graded at the same time)")
+    if timeout is not None and not (real_number(timeout) and timeout > 0):
+        raise GradingError(f"timeout: expected seconds > 0 for each notebook, got {timeout!r}; pass "
+                           "e.g. --timeout 600, or leave it out for the lab's own deadline")
     try:
         Path(out_dir).resolve().mkdir(parents=True, exist_ok=True)
     except OSError as exc:
