@@ -168,8 +168,8 @@ def test_a_call_a_signal_cut_short_leaves_every_later_call_its_own_answer(monkey
     previous = signal.signal(signal.SIGALRM, cut)
     try:
         for trial in range(300):
-            signal.setitimer(signal.ITIMER_REAL, rng.uniform(2e-5, 1e-3))
-            try:
+            try:  # the timer is set inside: a cut can come before setitimer has returned
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(2e-5, 1e-3))
                 for k in itertools.count():
                     call(k)
             except KeyboardInterrupt:
