@@ -19,6 +19,7 @@ ENDINGS = {
     "abort": ("signal", "SIGABRT", -6, True, "killed by SIGABRT"),
     "segfault": ("signal", "SIGSEGV", -11, True, "killed by SIGSEGV"),
     "sigkill": ("signal", "SIGKILL", -9, False, "killed by SIGKILL"),
+    "sigterm": ("signal", "SIGTERM", -15, True, "which neither torchrun nor the launcher sent"),
     "thread_error": ("exit", "SystemExit", 1, True, "raised RuntimeError: the loader thread failed"),
     "size_mismatch": ("signal", "SIGABRT", -6, True, "Received data size doesn't match"),
     "return_early": ("early_exit", "exit 0", 0, True, "while rank"),
@@ -38,8 +39,9 @@ ENDINGS = {
 VARIES = {"dataloader_worker_killed": {"exc_type": {"RuntimeError", "ConnectionResetError",
                                                     "EOFError"}}}
 # endings whose line is another ending's: breakpoint_peer's failing rank raises as
-# "exception" does, while its peers wait at breakpoint()
-LINE_OF = {"breakpoint_peer": "exception"}
+# "exception" does, while its peers wait at breakpoint(); sigterm's is sigkill's line
+# with another signal (the summary names it: the rank dumps its stacks on SIGTERM)
+LINE_OF = {"breakpoint_peer": "exception", "sigterm": "sigkill"}
 
 
 def tagged_line(how: str) -> int:

@@ -110,3 +110,18 @@ def test_a_fatal_dump_in_a_pane_stops_at_the_worker_bootstrap():
                      "Current thread 0x00007f02 (most recent call first):",
                      '  File "/home/learner/course/train.py", line 56 in <module>', "",
                      "Extension modules: torch._C (total: 1)", "after"]
+
+
+def test_a_sigterm_dump_written_elsewhere_gives_the_scripts_line():
+    """SIGTERM's stacks go to rankN/ended-stacks.txt, one dump per attempt and no header:
+    the last thread with the script's frames is read."""
+    dump = ('Current thread 0x1 (most recent call first):\n'
+            '  File "/course/train.py", line 7 in <module>\n\n'
+            'Thread 0x2 (most recent call first):\n'
+            '  File "/venv/lib/python3.11/threading.py", line 320 in wait\n\n'
+            'Current thread 0x3 (most recent call first):\n'
+            '  File "/venv/lib/python3.11/subprocess.py", line 2004 in _try_wait\n'
+            '  File "/course/train.py", line 12 in <module>\n')
+    message, frames = read_crash("", dump)
+    assert message == "" and [(Path(f.file).name, f.line) for f in frames][-1] == ("train.py", 12)
+    assert read_crash("", "") == ("", [])

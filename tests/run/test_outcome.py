@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import signal
 
+import pytest
+
 from labutils.run import outcome
 from labutils.run.attempts import AttemptFold
 from labutils.run.backends import Backend
@@ -22,9 +24,9 @@ SCRIPT = "train.py"
 
 
 class Over(Backend):
-    """A back end whose agents have run and left no log."""
+    """A back end whose agents have run and left no log, or the one at agent_log."""
 
-    def __init__(self, agent_log: str = "") -> None:
+    def __init__(self, agent_log=None) -> None:
         self.command, self.commands, self.agents = ["torchrun"], [["torchrun"]], []
         self.startup = Start("warm")
         self.agent_log = agent_log
@@ -34,7 +36,7 @@ class Over(Backend):
         return 1
 
     def logs(self, *, faulted: bool = True):
-        return []
+        return [self.agent_log] if self.agent_log else []
 
 
 def _state(tmp_path, events: dict[int, list[dict]], endings: list[dict], *,
@@ -121,3 +123,52 @@ def test_closing_an_attempt_returns_its_entry_and_reads_liveness_from_the_caller
     assert entry["failed_rank"] == 1 and entry["why"] == "ValueError: boom"
     assert entry["exit_codes"]["0"] == -signal.SIGTERM
     assert entry["outcome"] == "restarted" and state.attempts == []
+
+
+# torchrun's lines as it signals a worker: a script's (cold) and a function's (warm)
+_SENDS = "W1128 11:40:26.602000 1 api.py:1028] Sending process {pid} closing signal SIGTERM\n"
+_TERMINATES = "W1128 11:40:22.982000 1 spawn.py:165] Terminating process {pid} via signal SIGTERM\n"
+
+
+def _terminated_first(tmp_path, agent_log: str) -> outcome.RunState:
+    """Rank 1 ends by SIGTERM without an exception; rank 0 then loses it in a collective."""
+    state = _state(tmp_path, {0: [_start(0, 1.0), _gloo_error(3.0)], 1: [_start(1, 1.0)]},
+                   [{"host": "vm", "pid": 101, "code": -signal.SIGTERM, "t": 2.0},
+                    {"host": "vm", "pid": 100, "code": 1, "t": 3.1}])
+    (tmp_path / "agent.log").write_text(agent_log)
+    state.backend = Over(tmp_path / "agent.log")
+    return state
+
+
+@pytest.mark.parametrize("line", [_SENDS, _TERMINATES], ids=["cold", "warm"])
+def test_a_sigterm_nobody_on_our_side_sent_is_a_root_cause(tmp_path, line):
+    """torchrun's log names the pids it signalled: rank 1's is not among them."""
+    state = _terminated_first(tmp_path, line.format(pid=100))
+    assert outcome.torchrun_signalled([tmp_path / "agent.log"]) == {100}
+    result = outcome.final_result(state, now=5.0).result
+    f = result.failure
+    assert (f.rank, f.kind, f.exc_type, f.exit_code) == (1, "signal", "SIGTERM", -signal.SIGTERM)
+    assert "neither torchrun nor the launcher sent" in f.message
+    assert f.victims == [0]
+    assert [r.state for r in result.ranks] == ["failed", "failed"]  # not "killed": it failed
+
+
+@pytest.mark.parametrize("by", ["torchrun", "launcher"])
+def test_a_sigterm_torchrun_or_the_launcher_sent_is_no_root_cause(tmp_path, by):
+    state = _terminated_first(tmp_path, _SENDS.format(pid=101) if by == "torchrun" else "")
+    if by == "launcher":
+        state.signalled.add(101)
+    f = outcome.final_result(state, now=5.0).result.failure
+    assert (f.rank, f.kind) == (0, "exception")  # only rank 0's error is left to name
+
+
+def test_a_sigterm_exit_code_assumed_when_closing_an_attempt_is_no_root_cause(tmp_path):
+    """Rank 0 is gone without an exit code (assumed: torchrun's SIGTERM); rank 1's SIGTERM
+    was read from its agent's record and torchrun never sent it."""
+    state = _state(tmp_path, {0: [_start(0, 1.0)], 1: [_start(1, 1.0)]},
+                   [{"host": "vm", "pid": 101, "code": -signal.SIGTERM, "t": 2.0}])
+    (tmp_path / "agent.log").write_text("")
+    state.backend = Over(tmp_path / "agent.log")
+    entry = outcome.close_attempt(state, state.fold.current, 2, alive=lambda r: False)
+    assert entry["failed_rank"] == 1 and entry["why"].startswith("SIGTERM: killed by SIGTERM")
+    assert entry["exit_codes"] == {"0": -signal.SIGTERM, "1": -signal.SIGTERM}

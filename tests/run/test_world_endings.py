@@ -14,7 +14,7 @@ code alone (with the thread that failed before it, as a run says).
 from __future__ import annotations
 
 import pytest
-from endings_table import SCRIPT, tagged_line, verdict
+from endings_table import LINE_OF, SCRIPT, tagged_line, verdict
 
 from labutils import launch
 from labutils.run.world import World
@@ -25,9 +25,9 @@ FAILING = 1
 # how -> the statement rank 1 ends with, as endings.py has it (None: the whole line is
 # a collective every rank calls). One ending for each way a cell's verdict is made: the
 # cell raised (an exception; SystemExit, alone or after a thread's exception), the
-# rank's process ended (an exit without an exception; a fatal signal at a line; a C++
-# std::terminate), or the cell hung. The endings table (test_endings.py) checks the
-# rest of them, which take these same paths, for runs.
+# rank's process ended (an exit without an exception; a fatal signal at a line; a
+# SIGTERM nobody on our side sent; a C++ std::terminate), or the cell hung. The endings
+# table (test_endings.py) checks the rest of them, which take these same paths, for runs.
 IN_A_CELL = {
     "exception": "raise ValueError('the batch is empty')",
     "sys_exit": "sys.exit(3)",
@@ -35,13 +35,14 @@ IN_A_CELL = {
                     "worker.join(); sys.exit(1)",
     "os_exit": "os._exit(3)",
     "segfault": "ctypes.string_at(0)",
+    "sigterm": "subprocess.run(['kill', '-TERM', str(os.getpid())]); time.sleep(60)",
     "size_mismatch": None,
     "stuck": "while True: time.sleep(0.2)",
 }
 # endings that end the rank's process: the whole verdict is the run's
-PROCESS_ENDS = {"os_exit", "segfault", "size_mismatch"}
+PROCESS_ENDS = {"os_exit", "segfault", "sigterm", "size_mismatch"}
 EXITS = {"sys_exit": 3, "thread_error": 1}
-HEAD = """import ctypes, os, sys, threading, time
+HEAD = """import ctypes, os, subprocess, sys, threading, time
 def fail_in_a_thread():
     raise RuntimeError('the loader thread failed')
 dist.all_reduce(torch.ones(4))
@@ -84,7 +85,8 @@ def test_a_cell_and_a_run_name_the_same_root_cause(how, world, tmp_path):
     assert f["exc_type"] == (w["exc_type"] if how not in EXITS else "SystemExit"), (f, w)
     # the same statement: endings.py's tagged line, and that line of the cell
     assert (w["where"], f["where"]) == ((None, None) if w["where"] is None else
-                                        (f"endings.py:{tagged_line(how)}", f"cell-{cell.seq}.py:{code_line}")), (f, w)
+                                        (f"endings.py:{tagged_line(LINE_OF.get(how, how))}",
+                                         f"cell-{cell.seq}.py:{code_line}")), (f, w)
     if how in PROCESS_ENDS:
         assert {k: v for k, v in f.items() if k != "where"} == \
             {k: v for k, v in w.items() if k != "where"}, (f, w)

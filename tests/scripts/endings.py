@@ -62,8 +62,8 @@ if rank == failing:
         os.abort()  # ending: abort
     if how == "segfault":
         ctypes.string_at(0)  # ending: segfault
-    if how == "sigkill":
-        subprocess.run(["kill", "-KILL", str(os.getpid())]); time.sleep(60)  # ending: sigkill
+    if how in ("sigkill", "sigterm"):  # sigterm: a SIGTERM that neither torchrun nor labutils sent
+        subprocess.run(["kill", {"sigkill": "-KILL", "sigterm": "-TERM"}[how], str(os.getpid())]); time.sleep(60)  # ending: sigkill
     if how == "thread_error":
         worker = threading.Thread(target=fail_in_a_thread)
         worker.start(); worker.join()

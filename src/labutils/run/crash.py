@@ -49,11 +49,14 @@ def after_thread(message: str, stderr: str) -> str:
     return f"{message}, after {raised}" if raised else message
 
 
-def read_crash(stderr: str) -> tuple[str, list[Frame]]:
+def read_crash(stderr: str, dump: str = "") -> tuple[str, list[Frame]]:
     """The C++ error and the Python stack of a rank that crashed.
 
     Args:
         stderr: the end of the rank's stderr (the last crash in it is read).
+        dump: the stacks faulthandler wrote elsewhere as the signal arrived (SIGTERM's
+            go to rankN/ended-stacks.txt), read when stderr has no fatal error's dump:
+            its last thread with the script's frames.
 
     Returns:
         ("Type: what() message" or "", the frames of the thread that ran the script,
@@ -64,21 +67,25 @@ def read_crash(stderr: str) -> tuple[str, list[Frame]]:
     message = what[-1].group(1).strip() if what else ""
     if message and thrown:
         message = f"{thrown[-1].group(1)}: {message}"
-    dump = stderr[stderr.rfind("Fatal Python error"):] if "Fatal Python error" in stderr else ""
-    for block in _THREAD_START_RE.split(dump)[1:]:
+    if "Fatal Python error" in stderr:
+        blocks = _THREAD_START_RE.split(stderr[stderr.rfind("Fatal Python error"):])[1:]
+    else:  # dumps follow one another without a header: the last thread that ran the script
+        blocks = _THREAD_START_RE.split(dump)[1:][::-1]
+    for block in blocks:
         frames = parse_faulthandler(block, None)
         if any(not is_library(fr.file) for fr in frames):
             return message, frames[:script_depth([fr.file for fr in frames])]
     return message, []
 
 
-def explain_crash(failure: Failure, stderr: str) -> None:
+def explain_crash(failure: Failure, stderr: str, dump: str = "") -> None:
     """Give a failure found only by its signal (no exception event) the crash's message,
-    the script's line it happened at and that thread's stack, where stderr has them."""
+    the script's line it happened at and that thread's stack, where stderr (or dump,
+    see read_crash) has them."""
     if failure.kind == "exit":
         failure.message = after_thread(failure.message, stderr)
         return
-    message, frames = read_crash(stderr)
+    message, frames = read_crash(stderr, dump)
     at = next((fr for fr in frames if not is_library(fr.file)), None)
     if not message and at is None:
         return

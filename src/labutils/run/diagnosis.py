@@ -122,9 +122,9 @@ def _raised(rank: int, ev: dict, exit_code: int | None) -> Failure:
 
 
 def _ended_badly(rank: int, code: int, *, finished: AbstractSet[int], stderr_tail: str,
-                 exit_event: dict | None) -> Failure:
+                 exit_event: dict | None, elsewhere: bool = False) -> Failure:
     """The failure of a rank that ended by a signal or a non-zero exit code, without
-    an exception."""
+    an exception; elsewhere: a SIGTERM neither torchrun nor the launcher sent."""
     if code > 0:
         event = exit_event or {}
         if event.get("code") == code:  # sys.exit(code): the bootstrap saw where
@@ -140,6 +140,9 @@ def _ended_badly(rank: int, code: int, *, finished: AbstractSet[int], stderr_tai
         message = (f"the script ran to its end, then the process died of {signal_name(code)} "
                    "while Python shut down; call dist.destroy_process_group() at the end "
                    "of the script")
+    elif elsewhere:
+        message = (f"killed by {signal_name(code)}, which neither torchrun nor the launcher "
+                   "sent (a `kill PID`, a scheduler ending the process, or the script itself)")
     else:
         message = (f"killed by {signal_name(code)} (no Python exception: the process was "
                    "killed or crashed)")
@@ -213,6 +216,7 @@ def find_failure(
     ended_at: dict[int, float] | None = None,
     exit_events: dict[int, dict] | None = None,
     stopped_in: dict[int, dict] | None = None,
+    terminated: AbstractSet[int] = frozenset(),
 ) -> Failure | None:
     """The root-cause failure among the ranks of one attempt.
 
@@ -236,6 +240,8 @@ def find_failure(
             sys.exit() with a non-zero code), for ranks whose script ended itself.
         stopped_in: rank -> the collective it was waiting in when SIGTERM ended it
             ({"collective", "where", "source"}), for ranks torchrun stopped.
+        terminated: ranks SIGTERM ended although neither torchrun nor the launcher
+            sent it: they ended on their own, as a rank SIGKILL ended.
     """
     stderr_tails = stderr_tails or {}
     ended_at = ended_at or {}
@@ -249,9 +255,9 @@ def find_failure(
     # A rank that ended with a bad status and no exception is a root cause too: a
     # signal nobody on our side sent (a segfault, an abort, SIGKILL from fault
     # injection or the OOM killer), or an exit code (sys.exit(3), os._exit(3)). SIGTERM
-    # is how torchrun ends the peers of a failed rank.
+    # is how torchrun ends the peers of a failed rank, unless nobody on our side sent it.
     silent = [r for r in failed_ranks if r not in exceptions
-              and exit_codes.get(r) not in (0, None, -signal.SIGTERM)]
+              and (exit_codes.get(r) not in (0, None, -signal.SIGTERM) or r in terminated)]
     first = sorted([(ev.get("t", never), 0, rank) for rank, ev in own]
                    + [(ended_at.get(rank, never), 1, rank) for rank in silent])
     early = _ended_early(exit_codes, ended_at, candidates)
@@ -261,7 +267,8 @@ def find_failure(
     elif first:
         root = _ended_badly(first[0][2], exit_codes[first[0][2]] or 0, finished=finished,
                             stderr_tail=stderr_tails.get(first[0][2], ""),
-                            exit_event=exit_events.get(first[0][2]))
+                            exit_event=exit_events.get(first[0][2]),
+                            elsewhere=first[0][2] in terminated)
     elif primary:  # every rank that failed on its own timed out in a collective
         rank, ev = primary[0]
         root = _raised(rank, ev, exit_codes.get(rank))

@@ -322,6 +322,7 @@ class Run:
             self.nodes.tell_others_to_stop(self.state.reason)
         ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid
                             and self.state.backend.rank_alive(r)] if not self.state.backend.scheduled else []
+        self.state.signalled.update(ranks)  # a SIGTERM from here ends none on its own
         self.state.backend.stop(ranks, self.state.reason, self.display.note)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)

@@ -45,6 +45,10 @@ _WORKER_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(
 # With a function entry point (a warm run's forked ranks) torchrun lists only the first
 # failed rank; it logs the signal it sends each rank still running when it ends them.
 _WORKER_SIGNALLED_RE = re.compile(r"(?:Terminating|Closing) process (\d+) via signal (SIG[A-Z]+)")
+# Every process torchrun signals, in either wording: a function entry point's (above) or
+# a script's ("Sending process N closing signal SIGTERM").
+_TORCHRUN_SIGNALLED_RE = re.compile(
+    r"(?:(?:Terminating|Closing) process (\d+) via signal|Sending process (\d+) closing signal) SIG")
 
 
 @dataclass
@@ -69,6 +73,7 @@ class RunState:
     fired: dict[int, int] = field(default_factory=dict)  # attempt -> index in spec.faults
     reason: Ending = Ending.OK
     hang: Hang | None = None
+    signalled: set[int] = field(default_factory=set)  # rank pids this launcher signalled
 
     @property
     def ranks(self) -> list[RankState]:
@@ -103,6 +108,36 @@ def worker_exit_codes(logs: list[Path]) -> dict[int, int]:
                       if name in signal.Signals.__members__})
         codes.update({int(pid): int(code) for code, pid in _WORKER_FAILED_RE.findall(text)})
     return codes
+
+
+def torchrun_signalled(logs: list[Path]) -> set[int]:
+    """The pids torchrun's agents signalled (to end the peers of a failed rank, to restart,
+    to stop), from their logs: torchrun writes the line before it sends the signal."""
+    pids: set[int] = set()
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        pids.update(int(a or b) for a, b in _TORCHRUN_SIGNALLED_RE.findall(text))
+    return pids
+
+
+def terminated_elsewhere(state: RunState, members: list[RankState],
+                         exit_codes: dict[int, int | None], assumed: AbstractSet[int]) -> set[int]:
+    """Ranks that SIGTERM ended although neither torchrun nor this launcher sent it (a
+    `kill PID`, a scheduler's preemption, the script signalling itself): they ended on
+    their own, like a rank SIGKILL ended. Only where every agent's log is here (not a job
+    whose nodes are followed through a shared run folder or a scheduler); assumed: ranks
+    whose SIGTERM exit code was assumed, not read."""
+    if state.shared or state.backend.scheduled:
+        return set()
+    ended = [r for r in members if exit_codes.get(r.rank) == -signal.SIGTERM and r.local
+             and r.pid and r.rank not in assumed and r.pid not in state.signalled]
+    if not ended:
+        return set()
+    by_torchrun = torchrun_signalled(state.backend.logs())
+    return {r.rank for r in ended if r.pid not in by_torchrun}
 
 
 def agent_failure(agent_text: str) -> Failure:
@@ -193,8 +228,10 @@ def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
 
 
 def failure_of(state: RunState, attempt: int, exit_codes: dict[int, int | None],
-               finished: AbstractSet[int] = frozenset()) -> Failure | None:
-    """The root cause among an attempt's ranks (diagnosis.find_failure), or None."""
+               finished: AbstractSet[int] = frozenset(),
+               assumed: AbstractSet[int] = frozenset()) -> Failure | None:
+    """The root cause among an attempt's ranks (diagnosis.find_failure), or None.
+    assumed: ranks whose exit code (SIGTERM) was assumed, not read."""
     members = [state.ranks[rank] for rank in exit_codes]
     exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}
     failed = [r.rank for r in members
@@ -206,14 +243,23 @@ def failure_of(state: RunState, attempt: int, exit_codes: dict[int, int | None],
     stopped = {r.rank: position for r in members
                if r.rank not in exceptions and exit_codes.get(r.rank) == -signal.SIGTERM
                and (position := stopped_at(state, r))}
+    terminated = terminated_elsewhere(state, members, exit_codes, assumed)
+    stopped = {rank: where for rank, where in stopped.items() if rank not in terminated}
     failure = find_failure(exceptions, exit_codes, failed, finished=finished,
                            stderr_tails=tails,
                            ended_at={r.rank: r.ended_t for r in ended if r.ended_t is not None},
                            exit_events={r.rank: r.exit_event for r in ended if r.exit_event},
-                           stopped_in=stopped)
+                           stopped_in=stopped, terminated=terminated)
     if failure is not None and failure.kind in ("exit", "signal") and \
             failure.rank not in finished:
-        explain_crash(failure, "\n".join(stderr.get(failure.rank, [])[-300:]))
+        dump = ""
+        if failure.rank in terminated:  # its stacks went to the file SIGTERM writes
+            try:
+                dump = runfiles.ended_stacks_path(state.run_dir, failure.rank).read_text(
+                    errors="replace")
+            except OSError:
+                pass
+        explain_crash(failure, "\n".join(stderr.get(failure.rank, [])[-300:]), dump=dump)
     return failure
 
 
@@ -242,7 +288,7 @@ def close_attempt(state: RunState, attempt: Attempt, next_world_size: int, *,
     its entry for result.attempts. alive: whether a rank's process still runs."""
     seen = worker_exit_codes(state.backend.logs())
     fault = fault_of(state, attempt.index)
-    codes = {}
+    codes, assumed = {}, set()
     for r in state.ranks:
         if r.attempt != attempt.index or not r.pid:
             continue
@@ -254,8 +300,9 @@ def close_attempt(state: RunState, attempt: Attempt, next_world_size: int, *,
                 code = -signal.SIGKILL  # the injected kill
             else:
                 code = -signal.SIGTERM  # torchrun stopped it because a peer failed
+                assumed.add(r.rank)
         codes[r.rank] = code
-    failure = failure_of(state, attempt.index, codes)
+    failure = failure_of(state, attempt.index, codes, assumed=assumed)
     entry = attempt_entry(attempt.index, failure, codes)
     describe(state, entry, attempt, fault)
     if failure is None and fault is None and next_world_size > attempt.world_size:
@@ -304,6 +351,9 @@ def final_result(state: RunState, *, now: float) -> Settled:
         if failure is None:
             failure = agent_failure(agent_text or "\n".join(
                 p.read_text(errors="replace") for p in backend.logs()))
+    if failure is not None and 0 <= failure.rank < len(state.ranks) and \
+            states.get(failure.rank, state.ranks[failure.rank].state) == RankStatus.KILLED:
+        states[failure.rank] = RankStatus.FAILED  # a SIGTERM nobody on our side sent
     for r in state.ranks:
         if states.get(r.rank, r.state) in LIVE:  # a rank at a breakpoint at the end too
             if reason == Ending.FAILED and failure and r.rank == failure.rank:
