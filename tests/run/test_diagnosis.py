@@ -56,6 +56,10 @@ def test_non_zero_exit_without_exception():
     failure = find_failure({}, {0: 0, 1: 3}, [1], exit_events={1: exit_event})
     assert (failure.rank, failure.exc_type, failure.message) == (1, "SystemExit", "exit code 3")
     assert (failure.kind, failure.line, failure.source) == ("exit", 7, "sys.exit(3)")
+    # sys.exit("why"): exit code 1, and the text it printed
+    failure = find_failure({}, {0: 0, 1: 1}, [1], exit_events={1: {
+        **exit_event, "code": 1, "message": "no config file", "source": 'sys.exit("no config file")'}})
+    assert failure.message == "exit code 1: no config file"
     # os._exit(3): no event, only the code the agent reaped
     failure = find_failure({}, {0: 0, 1: 3}, [1])
     assert (failure.rank, failure.kind, failure.line) == (1, "exit", None)

@@ -128,7 +128,8 @@ def _ended_badly(rank: int, code: int, *, finished: AbstractSet[int], stderr_tai
     if code > 0:
         event = exit_event or {}
         if event.get("code") == code:  # sys.exit(code): the bootstrap saw where
-            return Failure(rank=rank, exc_type="SystemExit", message=f"exit code {code}",
+            said = f": {event['message']}" if event.get("message") else ""  # sys.exit("why")
+            return Failure(rank=rank, exc_type="SystemExit", message=f"exit code {code}{said}",
                            file=event.get("file"), line=event.get("line"),
                            source=event.get("source", ""), traceback=stderr_tail,
                            exit_code=code, kind="exit")

@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         code = _exit_code(raised)
         info = describe_exception(raised, script)  # where the script ended itself
         where = {k: info[k] for k in ("file", "line", "source")}
+        if raised.code is not None and not isinstance(raised.code, int):
+            where["message"] = str(raised.code)  # sys.exit("why"): printed, exit code 1
     elif raised is not None:  # report every way the script can die
         info = describe_exception(raised, script)
         if writer is not None:
