@@ -171,6 +171,7 @@ def test_straggler_is_the_rank_outside_the_collective(tmp_path):
     ({0: 5, 1: 7, 2: 5}, {}, [1], "somewhere else"),
     ({0: 5, 1: 7}, {}, [], "do not match"),
     ({0: 5, 1: 5}, {2: 0}, [], "already left the run"),
+    ({0: 5, 1: 5}, {2: 1}, [], "rank 2, whose script ended but whose process runs on"),
 ])
 def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, stragglers, phrase):
     c10d = "/x/site-packages/torch/distributed/distributed_c10d.py"
@@ -180,9 +181,12 @@ def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, 
             f'  File "{tmp_path}/train.py", line {ln} in <module>\n')
         for r, ln in lines.items()
     }
-    hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"), exited=exited)
+    lingering = {2: "raised ValueError"} if "runs on" in phrase else {}  # its process lives
+    hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"), exited=exited,
+                        lingering=lingering)
     assert hang.stragglers == stragglers
     assert phrase in hang.explanation
+    assert hang.to_json()["lingering"] == {str(r): how for r, how in lingering.items()}
 
 
 def test_ranks_failing_with_their_own_error_are_not_victims():

@@ -138,6 +138,31 @@ def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     assert "<- straggler" in out.getvalue()
 
 
+def test_a_script_that_ended_while_its_thread_runs_on_is_named_in_the_hang_report(
+        runs_dir, write_script):
+    """Rank 1's script raises, but Python waits for a thread that is not a daemon, so its
+    process stays: the report says so, not that rank 1 already left the run."""
+    script = write_script("lingers.py", """
+        import threading, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == 1:
+            threading.Thread(target=time.sleep, args=(120,)).start()
+            raise ValueError("no batches left")
+        dist.barrier()
+    """)
+    display, out, _ = text_display()
+    result = launch(script, 2, display=display, hang_timeout=3, timeout=90)
+    assert result.reason == "hang", result.summary()
+    assert result.hang.exited == {1: 1}
+    assert result.hang.lingering == {1: "raised ValueError at lingers.py:8: no batches left"}
+    assert "rank 1, whose script ended but whose process runs on" in result.hang.explanation
+    assert "rank 1's script raised ValueError at lingers.py:8: no batches left, but its process " \
+           "runs on" in out.getvalue()
+    assert all(r.pid and not pid_alive(r.pid) for r in result.ranks)
+
+
 @pytest.mark.warm_only("a cold run's ranks are ended by the same stop path in "
                        "test_lifetime.py's [stop-cold] and [caller-kill9-cold]")
 def test_timeout_stops_every_rank_quickly(runs_dir):

@@ -30,7 +30,7 @@ from labutils.run.spec import LaunchSpec, RunRequest
 from labutils.run.states import Ending, RankStatus
 from labutils.run.streams import EndingsTail, EventTail, RankOutput
 from labutils.runtime import runfiles
-from labutils.runtime.procs import free_port
+from labutils.runtime.procs import free_port, pid_alive
 
 _last_result: RunResult | None = None
 
@@ -442,8 +442,23 @@ class Run:
         dumps = outcome.wait_for_dumps(self.state.run_dir, offsets)
         exited: dict[int, int | None] = {r.rank: r.exit_code for r in self._members()
                                           if r.exit_code is not None}
+        # a script that ended while a thread that is not a daemon runs on: Python waits
+        # for that thread, so the process stays (and holds its peers in their collective)
+        lingering = {r.rank: _script_ending(r) for r in self._members()
+                     if r.exit_code is not None and r.local and r.pid and pid_alive(r.pid)}
         return analyse_hang(dumps, {r.rank: r.main_tid for r in alive},
-                            script or str(self.state.spec.script), exited=exited, silent_s=silent)
+                            script or str(self.state.spec.script), exited=exited, silent_s=silent,
+                            lingering=lingering)
+
+
+def _script_ending(r: RankState) -> str:
+    """How a rank's script ended, in a few words: its exception and line, or its exit code."""
+    ev = r.exceptions.get(r.attempt)
+    if ev:
+        where = f" at {Path(ev['file']).name}:{ev['line']}" if ev.get("file") else ""
+        message = (ev.get("message") or "").strip().splitlines()
+        return f"raised {ev.get('exc_type', '?')}{where}{': ' + message[0] if message else ''}"
+    return f"ended with exit code {r.exit_code}"
 
 
 def _multinode_line(spec: LaunchSpec) -> str:

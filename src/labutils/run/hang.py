@@ -120,6 +120,9 @@ class Hang:
     exited: dict[int, int | None] = field(default_factory=dict)  # ranks already gone
     silent_s: float = 0.0
     explanation: str = ""
+    # rank -> how its script ended ("raised ValueError: ... at train.py:9"), for ranks
+    # whose script ended while their process runs on (a thread that is not a daemon)
+    lingering: dict[int, str] = field(default_factory=dict)
 
     def __iter__(self):
         return iter((self.stacks, self.waiting, self.stragglers))
@@ -133,6 +136,7 @@ class Hang:
             "exited": {str(r): c for r, c in self.exited.items()},
             "silent_s": round(self.silent_s, 2),
             "explanation": self.explanation,
+            "lingering": {str(r): how for r, how in self.lingering.items()},
         }
 
 
@@ -143,8 +147,10 @@ def analyse_hang(
     *,
     exited: dict[int, int | None] | None = None,
     silent_s: float = 0.0,
+    lingering: dict[int, str] | None = None,
 ) -> Hang:
-    """Turn per-rank faulthandler dumps into waiting lines and stragglers."""
+    """Turn per-rank faulthandler dumps into waiting lines and stragglers. lingering:
+    rank -> how its script ended, for ranks whose script ended but whose process runs on."""
     stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
     for rank in sorted(dumps):
         frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
@@ -157,12 +163,13 @@ def analyse_hang(
         waiting[rank] = f"{where_text(at.file)}:{at.line}" if at else "unknown"
         calls[rank] = collective_of(frames, at)
         sources[rank] = linecache.getline(at.file, at.line).strip() if at else ""
-    stragglers, explanation = _stragglers(waiting, calls, exited or {})
+    stragglers, explanation = _stragglers(waiting, calls, exited or {}, lingering or {})
     return Hang(stacks, waiting, stragglers, calls, sources, dict(exited or {}), silent_s,
-                explanation)
+                explanation, dict(lingering or {}))
 
 
-def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict) -> tuple[list[int], str]:
+def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict,
+                lingering: dict) -> tuple[list[int], str]:
     ranks = sorted(waiting)
     if not ranks:
         return [], "no rank was alive to inspect"
@@ -174,6 +181,13 @@ def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict) ->
             f"{rank_list(outside)} {verb_for(outside, 'has', 'have')} not reached"
         )
     counts = Counter(waiting[r] for r in ranks)
+    if exited and len(counts) == 1 and set(exited) <= set(lingering):
+        gone = sorted(exited)
+        return [], (
+            f"{rank_list(ranks)} {verb_for(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "
+            f"{rank_list(gone)}, whose script ended but whose process "
+            f"{verb_for(gone, 'runs', 'run')} on: a thread that is not a daemon keeps it alive"
+        )
     if exited and len(counts) == 1:
         return [], (
             f"{rank_list(ranks)} {verb_for(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "

@@ -212,7 +212,12 @@ class RunResult:
                 mark = "  <- straggler" if rank in h.stragglers else ""
                 lines.append(f"  rank {rank} waits at {where}{call}{mark}{src}")
             for rank, exit_code in h.exited.items():
-                lines.append(f"  rank {rank} had already exited (code {exit_code})")
+                if rank in h.lingering:
+                    lines.append(f"  rank {rank}'s script {h.lingering[rank]}, but its process "
+                                 "runs on: Python waits for its threads that are not daemons "
+                                 "(start them with daemon=True, or stop and join them)")
+                else:
+                    lines.append(f"  rank {rank} had already exited (code {exit_code})")
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
         return runfiles.shorten_build_paths("\n".join(lines))
