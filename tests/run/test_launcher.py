@@ -138,6 +138,26 @@ def test_hang_reports_stacks_waiting_lines_and_straggler(runs_dir):
     assert "<- straggler" in out.getvalue()
 
 
+def test_an_agent_killed_by_sigkill_is_named_and_takes_its_ranks_along(runs_dir, write_script):
+    """A rank kills its own torchrun agent with SIGKILL (as the OOM killer may): the keeper
+    ends the ranks and exits as the agent did; the summary names the agent's signal."""
+    script = write_script("kills_agent.py", """
+        import os, signal, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == 1:
+            os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
+    """)
+    result = launch(script, 2, display="none", hang_timeout=30, timeout=90)
+    assert (result.reason, result.failure.kind) == ("failed", "torchrun"), result.summary()
+    assert "torchrun's agent was killed by SIGKILL" in result.failure.message
+    assert result.agent_exit_code == -signal.SIGKILL
+    assert "Traceback" not in (result.log_dir / "agent.log").read_text()  # the keeper's own exit
+    assert all(r.pid and not pid_alive(r.pid) for r in result.ranks)
+
+
 def test_a_script_that_ended_while_its_thread_runs_on_is_named_in_the_hang_report(
         runs_dir, write_script):
     """Rank 1's script raises, but Python waits for a thread that is not a daemon, so its

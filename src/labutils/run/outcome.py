@@ -26,7 +26,7 @@ from pathlib import Path
 from labutils.run.attempts import Attempt, AttemptFold, RankState
 from labutils.run.backends import Backend
 from labutils.run.crash import explain_crash
-from labutils.run.diagnosis import Failure, find_failure
+from labutils.run.diagnosis import Failure, find_failure, signal_name
 from labutils.run.hang import Hang, collective_of, parse_faulthandler, user_frame, where_text
 from labutils.run.nodes import ranks_text
 from labutils.run.result import RankResult, RunResult
@@ -140,11 +140,15 @@ def terminated_elsewhere(state: RunState, members: list[RankState],
     return {r.rank for r in ended if r.pid not in by_torchrun}
 
 
-def agent_failure(agent_text: str) -> Failure:
-    """A failure of torchrun itself (before any rank ran), from the agent's log."""
+def agent_failure(agent_text: str, exit_code: int | None = None) -> Failure:
+    """A failure of torchrun itself (before any rank ran, or its agent killed), from the
+    agent's log and its exit code (negative: the signal that ended it)."""
     lines = [ln for ln in agent_text.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
     message = errors[-1] if errors else (lines[-1] if lines else "torchrun exited with an error")
+    if not errors and exit_code is not None and exit_code < 0:
+        message = (f"torchrun's agent was killed by {signal_name(exit_code)}, and its ranks were "
+                   "stopped with it (a kill of the agent's pid, or the OOM killer)")
     return Failure(rank=-1, exc_type="torchrun", message=message, file=None, line=None,
                    traceback="\n".join(lines[-30:]), kind="torchrun")
 
@@ -350,7 +354,7 @@ def final_result(state: RunState, *, now: float) -> Settled:
         failure = failure_of(state, state.fold.index, member_codes, finished)
         if failure is None:
             failure = agent_failure(agent_text or "\n".join(
-                p.read_text(errors="replace") for p in backend.logs()))
+                p.read_text(errors="replace") for p in backend.logs()), backend.exit_code)
     if failure is not None and 0 <= failure.rank < len(state.ranks) and \
             states.get(failure.rank, state.ranks[failure.rank].state) == RankStatus.KILLED:
         states[failure.rank] = RankStatus.FAILED  # a SIGTERM nobody on our side sent

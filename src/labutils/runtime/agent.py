@@ -171,7 +171,8 @@ def _exit_like(status: int | None, stop_signal: int | None) -> None:
         os._exit(os.WEXITSTATUS(status))
     sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) \
         else (stop_signal or signal.SIGKILL)
-    signal.signal(sig, signal.SIG_DFL)
+    if sig != signal.SIGKILL:  # SIGKILL has no handler to reset (signal() refuses it)
+        signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)
