@@ -23,18 +23,21 @@ def test_exit_keeps_threads_atexit_handlers_unclosed_files_and_exit_codes(runs_d
             time.sleep(0.5)
             open({str(out)!r} + ".thread", "w").write("thread finished")
         threading.Thread(target=late).start()     # a non-daemon thread outlives the script
-        sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+        sys.exit(int(sys.argv[1]) if sys.argv[1].lstrip("-").isdigit() else sys.argv[1])
     """)
-    for arg, code in (("0", 0), ("3", 3), ("no config file", 1)):
+    # sys.exit(-1): the process ends with 255, and the summary still names the sys.exit line
+    for arg, code in (("0", 0), ("3", 3), ("-1", 255), ("no config file", 1)):
         result = launch(script, 1, args=[arg], display="none")
         assert result.ranks[0].exit_code == code and result.ok is (code == 0)
         assert out.read_text() == "unclosed file\n"
         assert (tmp_path / "out.txt.atexit").read_text() == "atexit ran"
         assert (tmp_path / "out.txt.thread").read_text() == "thread finished"
         # sys.exit("why") prints its text and exits 1; the summary says both
-        assert result.ranks[0].stderr == ("" if arg.isdigit() else f"{arg}\n")
+        number = arg.lstrip("-").isdigit()
+        assert result.ranks[0].stderr == ("" if number else f"{arg}\n")
         if code:
-            assert result.failure.message == f"exit code {code}" + ("" if arg.isdigit() else f": {arg}")
+            assert result.failure.message == f"exit code {code}" + ("" if number else f": {arg}")
+            assert (result.failure.kind, result.failure.line) == ("exit", 10)
 
 
 def test_the_scripts_objects_live_until_the_rank_ends(runs_dir, write_script):

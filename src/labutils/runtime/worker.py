@@ -152,10 +152,12 @@ def describe_exception(exc: BaseException, script: str) -> dict:
 
 
 def _exit_code(exc: SystemExit) -> int:
+    """The exit status a SystemExit gives the process: sys.exit(-1) ends it with 255, as
+    the agent then reaps it (the operating system keeps the low 8 bits)."""
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
-        return exc.code
+        return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
     return 1
 
