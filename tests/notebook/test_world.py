@@ -207,7 +207,7 @@ def test_a_rank_that_dies_in_a_cell_is_the_root_cause_and_the_world_restarts(cel
     cells.run("%%ranks\nkept = rank")
     out, _ = cells.run("%%ranks\nimport os\nif rank == 2:\n    os._exit(3)\n"
                        "dist.all_reduce(torch.ones(1))")
-    assert "root cause: rank 2 raised exit: exit code 3 without a Python exception" in out, out
+    assert "root cause: rank 2 exited: exit code 3 without a Python exception" in out, out
     assert "the world was restarted (rank 2 ended)" in out and "variables are gone (kept" in out, out
     out, _ = cells.run("%%ranks\nrank")
     assert cells.value("_ranks") == "{0: 0, 1: 1, 2: 2, 3: 3}", out

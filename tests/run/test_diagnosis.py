@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from labutils.run.diagnosis import find_failure, looks_like_victim
+from labutils.run.diagnosis import Failure, find_failure, looks_like_victim
 from labutils.run.hang import analyse_hang, parse_faulthandler
 
 GLOO_PEER_GONE = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -289,3 +289,24 @@ def test_a_rank_that_waited_elsewhere_and_ended_before_its_own_timeout_is_one_of
     same = dict(lost, traceback=_in_collective("all_reduce"), line=10, source="dist.all_reduce(x)")
     failure = find_failure({0: same, 1: timed_out}, {0: 1, 1: 1}, [0, 1])
     assert failure.kind == "exception" and failure.rank == 1 and failure.victims == [0]
+
+
+@pytest.mark.parametrize(("kind", "exc_type", "said"), [
+    ("exception", "ValueError", "rank 1 raised ValueError"),
+    ("exit", "SystemExit", "rank 1 raised SystemExit"),
+    ("exit", "exit", "rank 1 exited"),
+    ("signal", "SIGSEGV", "rank 1 died of SIGSEGV"),
+    ("early_exit", "exit 0", "rank 1 ended early"),
+    ("torchrun", "torchrun", "torchrun failed"),
+])
+def test_the_summary_words_each_ending_as_it_happened(kind, exc_type, said):
+    """A signal is not raised, and a failed agent has no rank (-1) nor a line."""
+    from labutils.run.result import RunResult
+
+    failure = Failure(rank=-1 if kind == "torchrun" else 1, exc_type=exc_type, message="m",
+                      file=None, line=None, traceback="", kind=kind)
+    assert failure.ended_how() == said
+    text = RunResult(ok=False, world_size=2, duration_s=1.0, log_dir="runs/x", ranks=[],
+                     failure=failure, reason="failed").summary()
+    assert f"root cause: {said}: m" in text
+    assert ("unknown location" in text) is (kind != "torchrun")

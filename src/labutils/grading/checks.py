@@ -231,7 +231,9 @@ class Run:
                 call = res.hang.calls.get(rank)
                 where.append(f"rank {rank} waits at {spot}" + (f" in {call}()" if call else ""))
             for rank, code in sorted(res.hang.exited.items()):
-                where.append(f"rank {rank} had already exited (code {code})")
+                where.append(f"rank {rank}'s script {res.hang.lingering[rank]}, but its process "
+                             "runs on (a thread that is not a daemon)" if rank in res.hang.lingering
+                             else f"rank {rank} had already exited (code {code})")
             return (f"hung: no rank made progress for {res.hang.silent_s:.0f} s; "
                     + "; ".join(where))
         if res.reason == "timeout":
@@ -244,7 +246,7 @@ class Run:
             f = res.failure
             spot = self._learner_frame_from_traceback(f.traceback) or f.where
             message = f.message.strip().splitlines()[0] if f.message.strip() else ""
-            return f"failed: rank {f.rank} raised {f.exc_type}: {message[:200]} (at {spot})"
+            return f"failed: {f.ended_how()}: {message[:200]} (at {spot})"
         return f"ended with '{res.reason}'"
 
     # The launcher names the line of the script it launched: a harness or the probe.

@@ -103,6 +103,20 @@ class Failure:
     def where(self) -> str:
         return f"{where_text(self.file)}:{self.line}" if self.file else "unknown location"
 
+    def ended_how(self) -> str:
+        """Who failed and how, in words: "rank 1 raised ValueError", "rank 1 died of
+        SIGSEGV", "rank 1 exited" (a non-zero status, no exception), "rank 1 ended early",
+        "torchrun failed"; a summary follows it with ": " and the message."""
+        if self.kind == "torchrun":
+            return "torchrun failed"
+        if self.kind == "signal":
+            return f"rank {self.rank} died of {self.exc_type}"
+        if self.kind == "exit" and self.exc_type != "SystemExit":
+            return f"rank {self.rank} exited"
+        if self.kind == "early_exit":
+            return f"rank {self.rank} ended early"
+        return f"rank {self.rank} raised {self.exc_type}"
+
     def to_json(self) -> dict:
         return {
             "rank": self.rank, "exc_type": self.exc_type, "message": self.message,

@@ -184,8 +184,9 @@ class RunResult:
             message = f.message
             if traceback_shown and "\n" in message.strip():
                 message = message.strip().split("\n", 1)[0] + " [...]"
-            lines.append(f"root cause: rank {f.rank} raised {f.exc_type}: {message}")
-            lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
+            lines.append(f"root cause: {f.ended_how()}: {message}")
+            if f.kind != "torchrun":  # the agent failed: no rank, no line of the script
+                lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
             if len(f.also_failed) == 1:
                 lines.append(f"  rank {f.also_failed[0]} raised an error of its own too (see its "
                              "stderr)")
