@@ -45,10 +45,8 @@ _WORKER_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(
 # With a function entry point (a warm run's forked ranks) torchrun lists only the first
 # failed rank; it logs the signal it sends each rank still running when it ends them.
 _WORKER_SIGNALLED_RE = re.compile(r"(?:Terminating|Closing) process (\d+) via signal (SIG[A-Z]+)")
-# Every process torchrun signals, in either wording: a function entry point's (above) or
-# a script's ("Sending process N closing signal SIGTERM").
-_TORCHRUN_SIGNALLED_RE = re.compile(
-    r"(?:(?:Terminating|Closing) process (\d+) via signal|Sending process (\d+) closing signal) SIG")
+# The same line with a script as the entry point (a cold run's ranks).
+_SCRIPT_SIGNALLED_RE = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
 
 
 @dataclass
@@ -119,7 +117,8 @@ def torchrun_signalled(logs: list[Path]) -> set[int]:
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        pids.update(int(a or b) for a, b in _TORCHRUN_SIGNALLED_RE.findall(text))
+        pids.update(int(pid) for regex in (_WORKER_SIGNALLED_RE, _SCRIPT_SIGNALLED_RE)
+                    for pid, _ in regex.findall(text))
     return pids
 
 
