@@ -2,14 +2,17 @@
 # The wheels scripts/device_check.sh installs on the GPU machine (Python 3.12, its own torch,
 # no network): the notebook and kernel packages its image lacks, at the versions
 # requirements.lock pins, and tabulate (torch.distributed.debug's server, lesson 13) and
-# py-spy (lesson 09). Then Debian's ip and tc for the virtual clusters.
+# py-spy (lesson 09); papermill and its packages (the grader, scripts/device_trust.sh) and
+# pytest-xdist and pytest-timeout. Then Debian's ip and tc for the virtual clusters.
 #   Usage, here, in the repository's root: bash scripts/device_wheels.sh   (fills .whl/)
 set -euo pipefail
 names="asttokens comm debugpy decorator executing fastjsonschema ipykernel ipython
 ipython_pygments_lexers ipywidgets jedi jsonschema jsonschema-specifications jupyter_client
 jupyter_core jupyterlab_widgets matplotlib-inline nbclient nbformat parso pexpect platformdirs
 prompt_toolkit ptyprocess pure_eval py-spy pyzmq referencing rpds-py stack-data tabulate tornado
-traitlets wcwidth widgetsnbextension"
+traitlets wcwidth widgetsnbextension
+papermill click entrypoints tenacity tqdm requests charset-normalizer idna urllib3 certifi PyYAML
+pytest-xdist execnet pytest-timeout"
 platforms=""
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_26_x86_64 \
          manylinux_2_27_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64 \
