@@ -5,7 +5,8 @@
 # solution graded (full marks expected) and its catalogue of wrong fixes (each below its
 # bound). Both run at once; results go to $OUT.
 #   Usage there: bash scripts/device_trust.sh     (wheels first, here: bash scripts/device_wheels.sh)
-#   LIMIT: seconds for each half (default 400); ENDINGS_WORKERS (6); LAB_JOBS: labs at once (4)
+#   LIMIT: seconds for each half (default 400); ENDINGS_WORKERS (6); LAB_JOBS: labs at once (4);
+#   LABS: the labs to grade (default every lab); ENDINGS=0: no endings table
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/labs"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
@@ -13,7 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=$PWD/.whl/iproute2/
 python3 -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count(), torch.cuda.get_device_name(0))" > "$OUT/machine.txt" 2>&1
 nproc >> "$OUT/machine.txt"
 LIMIT=${LIMIT:-400}
-( SECONDS=0
+[ "${ENDINGS:-1}" = 0 ] || ( SECONDS=0
   timeout "$LIMIT" python3 -m pytest -o addopts="" -p no:cacheprovider -q -rfE -p xdist -n "${ENDINGS_WORKERS:-6}" \
     tests/run/test_endings.py --endings-all --junitxml "$OUT/endings.xml" > "$OUT/endings.txt" 2>&1
   echo "exit $? after $SECONDS s" >> "$OUT/endings.txt" ) &
@@ -27,9 +28,9 @@ lab() {  # one lab: its solution graded, then its wrong fixes; one line in labs.
 }
 export -f lab
 SECONDS=0
-find labs -name lab.json | xargs -n1 dirname | xargs -n1 basename | sort |
+{ if [ -n "${LABS:-}" ]; then printf '%s\n' $LABS; else find labs -name lab.json | xargs -n1 dirname | xargs -n1 basename | sort; fi; } |
   timeout "$LIMIT" xargs -P "${LAB_JOBS:-4}" -I{} bash -c 'lab {}'
 echo "labs: exit $? after $SECONDS s" >> "$OUT/labs.txt"
 wait
 (cd "$OUT" && tar czf labs.tgz labs && rm -rf labs)
-cat "$OUT/machine.txt" "$OUT/labs.txt"; tail -40 "$OUT/endings.txt"
+cat "$OUT/machine.txt" "$OUT/labs.txt"; tail -40 "$OUT/endings.txt" 2>/dev/null

@@ -13,6 +13,7 @@ running_var=[...]).
 """
 
 import argparse
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,11 @@ rank, world_size, device = init()
 model = make_model(args.seed).to(device)
 # BatchNorm's running statistics are buffers, and by default DDP broadcasts rank 0's
 # buffers at the start of every forward: one more collective per step, for numbers
-# that training does not even use. Turn it off.
-model = DDP(model, forward_sync_buffers=False)
+# that training does not even use. Turn it off. (The flag is forward_sync_buffers from
+# torch 2.13 on; torch 2.11 and 2.12 call it broadcast_buffers.)
+NO_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+           else "broadcast_buffers")
+model = DDP(model, **{NO_SYNC: False})
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
 for step in range(args.steps):

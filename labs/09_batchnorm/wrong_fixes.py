@@ -14,7 +14,7 @@ WRONG_FIXES = [
         why="the statistics agree across ranks, but they are rank 0's shard's, not the "
             "global batch's",
         base="starter",
-        edits={"train.py": [("DDP(model, forward_sync_buffers=False)", "DDP(model)")]}),
+        edits={"train.py": [("DDP(model, **{NO_SYNC: False})", "DDP(model)")]}),
     WrongFix(
         "averages the ranks' running statistics once, at the end",
         why="identical on every rank, but the training normalised with each shard's own "

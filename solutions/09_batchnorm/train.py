@@ -13,6 +13,7 @@ running_var=[...]).
 """
 
 import argparse
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -79,7 +80,9 @@ class SyncBatchNorm1d(nn.BatchNorm1d):
 model = make_model(args.seed, norm=SyncBatchNorm1d).to(device)
 # The running statistics are now the same on every rank, so DDP's broadcast of rank 0's
 # buffers at each forward would change nothing: leaving it off saves a collective.
-model = DDP(model, forward_sync_buffers=False)
+NO_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+           else "broadcast_buffers")   # the flag's name before torch 2.13
+model = DDP(model, **{NO_SYNC: False})
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
 for step in range(args.steps):

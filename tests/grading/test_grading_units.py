@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -443,3 +444,92 @@ def test_the_autograder_readme_gives_the_settings_the_measured_figures_call_for(
     text = readme(load_lab(lab))
     assert "at least 768 MB" in text and "768 MB: enough" in text and "at least 20 minutes" in text  # 630
     assert "10: raise it" in text
+
+
+def test_a_cuda_build_of_torch_gets_no_address_space_limit_and_the_report_says_why(
+        tmp_path, monkeypatch):
+    """CUDA's driver fails to start under RLIMIT_AS ("out of memory", then a dead kernel or
+    checks process: seen on a GPU machine); the resident-size watch stays."""
+    from labutils.grading import batch, procs
+    from labutils.grading.sandbox import _set_limits
+
+    lab = batch.load_lab(REPO / "labs" / "02_rank_zero_collective")
+    assert procs.torch_is_gpu_build() is False        # this machine's pinned CPU build
+    cpu = batch.Batch(lab, out_dir=tmp_path, timeout=None, isolate=False)
+    assert cpu.limits["memory_bytes"] == 4 << 30 and "memory_note" not in cpu.limits
+    monkeypatch.setattr(procs, "torch_is_gpu_build", lambda: True)
+    gpu = batch.Batch(lab, out_dir=tmp_path, timeout=None, isolate=False)
+    assert gpu.limits["memory_bytes"] == 0 and gpu.limits["tree_memory_bytes"] == 4 << 30
+    for b in (cpu, gpu):
+        b.close()
+    # what the sandbox applies and reports, in a child (setrlimit cannot be undone)
+    import multiprocessing as mp
+    import resource
+
+    def child(queue, limits):
+        held = _set_limits(limits, os.getuid())
+        queue.put((held, resource.getrlimit(resource.RLIMIT_AS)[0]))
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue, {"memory_bytes": 0, "memory_note": batch.NO_ADDRESS_LIMIT,
+                                                   "file_bytes": 1 << 30}))
+    proc.start()
+    held, address_space = queue.get(timeout=30)
+    proc.join()
+    assert address_space == resource.RLIM_INFINITY
+    assert held[0].startswith("memory per process: no address-space limit (a CUDA build")
+    assert not any("<=" in h and h.startswith("memory") for h in held)
+
+
+def test_the_grader_log_keeps_the_end_of_each_phases_stderr(tmp_path):
+    from labutils.grading import report
+
+    quiet, loud, kernel = tmp_path / "quiet.log", tmp_path / "checks.log", tmp_path / "nb.log"
+    quiet.write_text("  \n")
+    kernel.write_text("Fatal Python error: Segmentation fault\n")
+    loud.write_bytes(b"x" * (report.LOG_TAIL_BYTES + 10) + b"\nthe last words\n")
+    log = report.grader_log({"notebook": str(kernel), "checks": str(loud)}, quiet).decode()
+    assert log.startswith("== notebook: stderr\nFatal Python error: Segmentation fault\n")
+    assert f"== checks: stderr (its last 64 KiB of {report.LOG_TAIL_BYTES + 26:,} bytes)" in log
+    assert log.endswith("the last words\n") and "supervisor" not in log
+    assert report.grader_log({"checks": str(quiet)}, tmp_path / "missing.log") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the limit is set for another user")
+def test_the_process_limit_leaves_room_for_each_process_threads_and_still_stops_a_bomb():
+    """RLIMIT_NPROC counts threads: with 'processes <= 64' a 16-core machine's ranks could not
+    start torch's thread pools ("Resource temporarily unavailable", a dead kernel: seen on a
+    GPU machine). One allowed process now holds threads_per_process() threads, no more."""
+    import threading
+
+    from labutils.grading.sandbox import _set_limits, threads_per_process
+
+    per = threads_per_process()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # a child that becomes an unused uid under the limit of one process
+        code = 3
+        try:
+            held = _set_limits({"processes": 1}, 45999)
+            os.setgid(45999)
+            os.setuid(45999)
+            stop = threading.Event()
+            started = 0
+            try:
+                for _ in range(per + 20):
+                    threading.Thread(target=stop.wait, daemon=True).start()
+                    started += 1
+            except RuntimeError:
+                pass
+            stop.set()
+            os.write(write, json.dumps({"held": held, "started": started}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        seen = json.loads(f.read() or "{}")
+    assert os.waitpid(pid, 0)[1] == 0
+    assert seen["held"][0] == f"processes <= 1 (threads <= {per} in all)"
+    assert per - 5 <= seen["started"] < per, seen   # the main thread counts too

@@ -38,6 +38,9 @@ DEFAULT_LIMITS = {
     "disk_bytes": 1 << 30,          # everything written in the working copy
     "output_bytes": 2 << 20,        # notebook output kept
 }
+NO_ADDRESS_LIMIT = ("memory per process: no address-space limit (a CUDA build of torch "
+                    "reserves far more than it uses); the resident memory of every process "
+                    "is watched")
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_CHECKS_TIMEOUT_S = 300.0
 SUPERVISOR_SLACK_S = 120.0
@@ -174,6 +177,12 @@ class Batch:
         self.checks_timeout = float(lab.config.get("checks_timeout", DEFAULT_CHECKS_TIMEOUT_S)) * scale
         self.isolate = isolate
         self.limits = {**DEFAULT_LIMITS, **lab.config.get("limits", {})}
+        if self.limits["memory_bytes"] and procs.torch_is_gpu_build():
+            # CUDA's driver reserves far more address space than it uses: under RLIMIT_AS
+            # its start fails ("out of memory"), and a kernel or checks process that touches
+            # it dies. The resident size of the submission's tree is still watched.
+            self.limits["memory_bytes"] = 0
+            self.limits["memory_note"] = NO_ADDRESS_LIMIT
         self.tmp = Path(tempfile.mkdtemp(prefix="labutils-grade-"))
         self.tmp.chmod(0o711)   # a submission's own user reaches its folder, lists none
         self.lock = threading.Lock()
@@ -256,8 +265,9 @@ class Batch:
         executed = result.pop("executed_notebook", None)
         result["has_executed_notebook"] = bool(executed and Path(executed).is_file())
         executed_bytes = Path(executed).read_bytes() if result["has_executed_notebook"] else None
+        grader_log = report.grader_log(result.pop("phase_logs", {}), log_path)
         with self.lock:
-            report.write_submission(self.out_dir, result, executed_bytes)
+            report.write_submission(self.out_dir, result, executed_bytes, grader_log)
             self.results[name], self.executed[name] = result, executed_bytes
             report.write_atomic(self.out_dir / "grades.csv", report.grades_csv(
                 [self.results[n] for n in self.order if n in self.results]))

@@ -187,11 +187,39 @@ def grades_csv(results: list[dict]) -> str:
     return out.getvalue()
 
 
-def write_submission(out_dir: Path, result: dict, executed_notebook: bytes | None) -> None:
-    """DIR/<name>/results.json, feedback.html and executed.ipynb, each atomically."""
+GRADER_LOG = "grader.log"
+LOG_TAIL_BYTES = 64 << 10
+
+
+def grader_log(phase_logs: dict[str, str], supervisor_log: Path) -> bytes | None:
+    """The end of what the notebook's kernel, the checks and the supervisor wrote to
+    stderr, for the instructor (never in results.json or the feedback: the checks' own
+    errors can quote hidden checks). None when all three were silent."""
+    parts = []
+    for name, path in [*phase_logs.items(), ("supervisor", str(supervisor_log))]:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - LOG_TAIL_BYTES))
+                text = f.read()
+        except OSError:
+            continue
+        if text.strip():
+            cut = f" (its last {LOG_TAIL_BYTES >> 10} KiB of {size:,} bytes)" if size > LOG_TAIL_BYTES else ""
+            parts.append(f"== {name}: stderr{cut}\n".encode() + text.rstrip(b"\n") + b"\n")
+    return b"\n".join(parts) if parts else None
+
+
+def write_submission(out_dir: Path, result: dict, executed_notebook: bytes | None,
+                     log: bytes | None = None) -> None:
+    """DIR/<name>/results.json, feedback.html and executed.ipynb, each atomically, and
+    grader.log (the instructor's) where the sandboxed phases wrote to stderr."""
     folder = Path(out_dir) / result["name"]
     if executed_notebook is not None:
         write_atomic(folder / "executed.ipynb", executed_notebook)
+    if log is not None:
+        write_atomic(folder / GRADER_LOG, log)
     write_atomic(folder / "feedback.html", feedback_page(result))
     write_atomic(folder / "results.json", json.dumps(gradescope_results(result), indent=2))
 

@@ -233,7 +233,9 @@ class Supervisor:
             "hide": self.job.get("hide", []), "hide_stub": str(self.stub),
             "limits": {"memory_bytes": self.limits["memory_bytes"],
                        "file_bytes": self.limits["file_bytes"],
-                       "processes": self.limits["processes"]},
+                       "processes": self.limits["processes"],
+                       **({"memory_note": self.limits["memory_note"]}
+                          if self.limits.get("memory_note") else {})},
             "report": str(report),
             **({"user": self.user} if self.user else {"user_why": self.user_why}),
         }
@@ -401,6 +403,10 @@ class Supervisor:
             "integrity": self.notes, "sandbox": self.enforced, "grader_error": grader_error,
             "executed_notebook": str(self.private / "executed.ipynb")
             if (self.private / "executed.ipynb").is_file() else None,
+            # what each sandboxed phase wrote to stderr (the kernel's, the checks'), for
+            # the instructor's grader.log: a check "not measured" or a dead kernel says why
+            "phase_logs": {name: str(self.private / f"{name}.log") for name in ("notebook", "checks")
+                           if (self.private / f"{name}.log").is_file()},
             "duration_s": round(time.monotonic() - t0, 2),
         }
 
