@@ -60,3 +60,38 @@ def test_an_edit_that_no_longer_fits_the_solution_is_refused(tmp_path):
         ('start = checkpoint["step"] + 1', 'start = checkpoint["step"]')]}), lab, tmp_path / "c")
     assert 'start = checkpoint["step"]  #' in (edited / "train.py").read_text()
     assert not (edited / "hidden_checks.py").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_solution_that_loses_points_here_voids_every_verdict(tmp_path, capsys):
+    """On a machine where the solution itself fails (torch 2.11 refused lab 09's DDP flag),
+    every wrong fix was "caught" and `labutils wrongfixes` said all was well. The unchanged
+    solution is now graded first and must score 1."""
+    import shutil
+
+    from labutils.cli import main as cli
+    from labutils.grading.wrongfix import format_scored, prepare_solution
+
+    name = "02_rank_zero_collective"
+    lab, solution = tmp_path / "labs" / name, tmp_path / "solutions" / name
+    shutil.copytree(REPO / "labs" / name, lab)
+    shutil.copytree(REPO / "solutions" / name, solution)
+    prepared = prepare_solution(lab, tmp_path / "control")
+    assert (prepared / "train.py").read_text() == (solution / "train.py").read_text()
+    assert not (prepared / "hidden_checks.py").exists()
+    # the solution as a machine without the API it uses would run it
+    text = (solution / "train.py").read_text()
+    (solution / "train.py").write_text(text.replace(
+        "rank, world_size, device = init()",
+        'raise TypeError("an API this torch lacks")\nrank, world_size, device = init()', 1))
+    first = catalogue(lab)[:1]
+    rows = score_all(lab, first, scratch=tmp_path / "work", control=True)
+    assert [r.fix for r in rows] == [None, first[0]]
+    assert not rows[0].full_marks and rows[0].fraction < 1 and not rows[0].caught
+    assert rows[1].caught   # vacuously: the base itself fails
+    table = format_scored(name, rows)
+    assert table.startswith(f"{name}: the solution itself loses points on this machine")
+    assert "LOSES" in table.splitlines()[1] and "loses points on: " in table
+    assert cli(["wrongfixes", str(lab), "--only", first[0].name]) == 1
+    assert "the solution itself loses points" in capsys.readouterr().out

@@ -20,7 +20,8 @@ grader runs them minus the notebook (which adds nothing to what they measure), a
 the fraction of the lab's points the wrong fix would get with full notebook points: the
 most a submission with this fix could score. It stops once the verdict is certain.
 Each wrong fix must stay strictly below its bound, and every bound is at most the pass
-mark. ``labutils wrongfixes LAB`` prints the table.
+mark. ``labutils wrongfixes LAB`` prints the table, after a control: the unchanged
+solution, which must score 1 (where it does not, every fix is "caught" for nothing).
 """
 
 from __future__ import annotations
@@ -62,11 +63,15 @@ class WrongFix:
                                "per file it changes")
 
 
+CONTROL = "the solution, unchanged (must score 1)"
+
+
 @dataclass
 class Scored:
-    """A wrong fix graded by the lab's checks."""
+    """A wrong fix graded by the lab's checks (fix None: the unchanged solution, the
+    control that says the checks can give full marks on this machine)."""
 
-    fix: WrongFix
+    fix: WrongFix | None
     fraction: float          # of the lab's points, with the notebook's counted as earned
     bound: float
     checks: list[dict] = field(default_factory=list)   # name, score, points, hidden, required
@@ -78,10 +83,18 @@ class Scored:
         return [c["name"] for c in self.checks if c.get("required") and not c.get("passed")]
 
     @property
+    def name(self) -> str:
+        return self.fix.name if self.fix is not None else CONTROL
+
+    @property
+    def full_marks(self) -> bool:
+        return not self.error and self.fraction >= 1 - 1e-9
+
+    @property
     def caught(self) -> bool:
         """Below its bound; or, where the bound is the pass mark (the fix must fail the
         lab), failing a required check, which fails the lab at any score."""
-        if self.error:
+        if self.error or self.fix is None:
             return False
         failing_lab = self.bound >= self.pass_mark - 1e-9 and bool(self.required_failed)
         return self.fraction < self.bound - 1e-9 or failing_lab
@@ -136,6 +149,18 @@ class _Decided(Exception):
     """The fix cannot reach its bound any more: its remaining checks need not run."""
 
 
+def prepare_solution(lab: Path, target: Path) -> Path:
+    """The learner's files with the solution's versions of them (the control)."""
+    from labutils.grading.release import learner_files
+
+    solution = solution_folder(lab)
+    for rel, data in learner_files(lab).items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        theirs = solution / rel
+        (target / rel).write_bytes(theirs.read_bytes() if theirs.is_file() else data)
+    return target
+
+
 def _bound(the_lab, fix: WrongFix) -> float:
     bound = the_lab.pass_mark if fix.below is None else fix.below
     if bound > the_lab.pass_mark + 1e-9:
@@ -149,7 +174,7 @@ def _lost(tests: list[dict]) -> float:
 
 
 def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | None = None,
-              decide: bool = True, on_row=None) -> list[Scored]:
+              decide: bool = True, on_row=None, control: bool = False) -> list[Scored]:
     """Run the lab's checks (hidden ones too) on each wrong fix, one after the other in
     one process of their own (it keeps one warm server for all their runs), as the
     grader runs them minus the notebook.
@@ -157,19 +182,26 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
     decide: stop a fix's checks as soon as the points still to come cannot lift it to
     its bound (the verdict is then certain; the fraction is the most it could still
     have scored). on_row(Scored) is called as each fix is done.
+    control: first the unchanged solution (its row's fix is None), which must score 1:
+    where it does not (another torch, a machine the checks do not suit), every fix is
+    "caught" whatever it does, and the rows say nothing.
     """
     the_lab = load_lab(lab)
-    bounds = [_bound(the_lab, fix) for fix in fixes]
+    entries: list[WrongFix | None] = [*([None] if control else []), *fixes]
+    bounds = [1.0 if fix is None else _bound(the_lab, fix) for fix in entries]
     notebook = float(the_lab.config.get("notebook_points", 1))
     total = notebook + sum(float(c["points"]) for c in the_lab.checks)
     work = Path(scratch) if scratch is not None else Path(tempfile.mkdtemp(prefix="labutils-wrongfix-"))
     rows: list[Scored] = []
     try:
-        for i, fix in enumerate(fixes):
-            apply(fix, the_lab.folder, work / f"fix{i}" / "learner")
+        for i, fix in enumerate(entries):
+            if fix is None:
+                prepare_solution(the_lab.folder, work / f"fix{i}" / "learner")
+            else:
+                apply(fix, the_lab.folder, work / f"fix{i}" / "learner")
         tag = secrets.token_hex(8)
         command = [sys.executable, "-m", "labutils.grading.wrongfix", str(the_lab.folder),
-                   str(work), str(len(fixes)), *([] if decide else ["--full"]),
+                   str(work), str(len(entries)), *([] if decide else ["--full"]),
                    "--bounds", json.dumps(bounds)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, cwd=work, start_new_session=True,
@@ -182,7 +214,7 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
                 i, tests = message["index"], message["tests"]
                 error = message.get("error") or ("" if tests else "the checks did not run")
                 rows.append(Scored(
-                    fix=fixes[i], fraction=(total - _lost(tests)) / total if total else 0.0,
+                    fix=entries[i], fraction=(total - _lost(tests)) / total if total else 0.0,
                     bound=bounds[i], error=error, pass_mark=the_lab.pass_mark,
                     checks=[{"name": t["name"], "score": t["score"], "points": t["points"],
                              "hidden": t.get("hidden", False), "passed": t.get("passed", False),
@@ -196,8 +228,9 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
         if scratch is None:
             shutil.rmtree(work, ignore_errors=True)
     done = {id(r.fix) for r in rows}
-    rows += [Scored(fix=f, fraction=1.0, bound=b, error="the checks did not run")
-             for f, b in zip(fixes, bounds) if id(f) not in done]
+    rows += [Scored(fix=f, fraction=1.0 if f is not None else 0.0, bound=b,
+                    error="the checks did not run")
+             for f, b in zip(entries, bounds) if id(f) not in done]
     return rows
 
 
@@ -230,6 +263,13 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
 
 
 def format_row(r: Scored) -> str:
+    if r.fix is None:
+        verdict = "full" if r.full_marks else ("ERROR" if r.error else "LOSES")
+        line = f"  {verdict:7} {r.fraction:5.3f} (must be 1)        {CONTROL.split(' (')[0]}"
+        if not r.full_marks and not r.error:
+            lost = [c["name"] for c in r.checks if float(c["score"]) < float(c["points"])]
+            line += f"\n          loses points on: {'; '.join(lost)}"
+        return line + (f"\n          {r.error}" if r.error else "")
     verdict = "caught" if r.caught else ("ERROR" if r.error else "PASSES")
     line = f"  {verdict:7} {r.fraction:5.3f} (must stay < {r.bound:g})  {r.fix.name}"
     if r.required_failed and r.caught and r.fraction >= r.bound - 1e-9:
@@ -238,8 +278,12 @@ def format_row(r: Scored) -> str:
 
 
 def format_scored(lab: str, rows: list[Scored]) -> str:
-    return "\n".join([f"{lab}: {sum(r.caught for r in rows)} of {len(rows)} wrong fixes caught",
-                      *(format_row(r) for r in rows)])
+    fixes = [r for r in rows if r.fix is not None]
+    head = f"{lab}: {sum(r.caught for r in fixes)} of {len(fixes)} wrong fixes caught"
+    if any(r.fix is None and not r.full_marks for r in rows):
+        head = (f"{lab}: the solution itself loses points on this machine, so the wrong "
+                "fixes' verdicts say nothing (see its row)")
+    return "\n".join([head, *(format_row(r) for r in rows)])
 
 
 def add_subcommand(sub) -> None:
@@ -249,13 +293,16 @@ def add_subcommand(sub) -> None:
         description="Run the checks of LAB (hidden ones too) on each wrong fix in its "
         f"{WRONG_FIXES_FILE}: the solution (or the starter) with a hurried learner's edit. "
         "Prints each fix's score as a fraction of the lab's points, notebook points counted "
-        "as earned. Exit status: 0 when every fix stays below its bound, 1 when one reaches "
-        "it, 2 for bad input.")
+        "as earned, after the unchanged solution's, which must be 1 (else no verdict means "
+        "anything on this machine). Exit status: 0 when the solution scores 1 and every fix "
+        "stays below its bound, 1 otherwise, 2 for bad input.")
     p.add_argument("lab", help="the lab folder (lab.json, checks, wrong_fixes.py)")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="grade only this wrong fix (repeatable)")
     p.add_argument("--full", action="store_true",
                    help="run every check, even once the verdict is certain")
+    p.add_argument("--no-control", action="store_true",
+                   help="skip the first row, the unchanged solution (which must score 1)")
 
     def handler(ns) -> int:
         fixes = catalogue(ns.lab)
@@ -264,10 +311,10 @@ def add_subcommand(sub) -> None:
             raise GradingError(f"{ns.lab}: no wrong fix named {unknown[0]!r}" if unknown else
                                f"{ns.lab} keeps no {WRONG_FIXES_FILE}; see labs/07_resume_after_kill")
         chosen = [fix for fix in fixes if not ns.only or fix.name in ns.only]
-        rows = score_all(ns.lab, chosen, decide=not ns.full,
+        rows = score_all(ns.lab, chosen, decide=not ns.full, control=not ns.no_control,
                          on_row=lambda row: print(format_row(row), flush=True))
         print(format_scored(Path(ns.lab).resolve().name, rows).splitlines()[0])
-        return 0 if all(r.caught for r in rows) else 1
+        return 0 if all(r.caught if r.fix is not None else r.full_marks for r in rows) else 1
 
     p.set_defaults(handler=handler)
 
