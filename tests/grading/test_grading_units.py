@@ -451,7 +451,7 @@ def test_a_cuda_build_of_torch_gets_no_address_space_limit_and_the_report_says_w
     """CUDA's driver fails to start under RLIMIT_AS ("out of memory", then a dead kernel or
     checks process: seen on a GPU machine); the resident-size watch stays."""
     from labutils.grading import batch, procs
-    from labutils.grading.sandbox import _set_limits
+    from labutils.grading.sandbox import set_limits
 
     lab = batch.load_lab(REPO / "labs" / "02_rank_zero_collective")
     assert procs.torch_is_gpu_build() is False        # this machine's pinned CPU build
@@ -467,7 +467,7 @@ def test_a_cuda_build_of_torch_gets_no_address_space_limit_and_the_report_says_w
     import resource
 
     def child(queue, limits):
-        held = _set_limits(limits, os.getuid())
+        held = set_limits(limits, os.getuid())
         queue.put((held, resource.getrlimit(resource.RLIMIT_AS)[0]))
 
     ctx = mp.get_context("fork")
@@ -503,7 +503,7 @@ def test_the_process_limit_leaves_room_for_each_process_threads_and_still_stops_
     GPU machine). One allowed process now holds threads_per_process() threads, no more."""
     import threading
 
-    from labutils.grading.sandbox import _set_limits, threads_per_process
+    from labutils.grading.sandbox import set_limits, threads_per_process
 
     per = threads_per_process()
     read, write = os.pipe()
@@ -511,7 +511,7 @@ def test_the_process_limit_leaves_room_for_each_process_threads_and_still_stops_
     if pid == 0:   # a child that becomes an unused uid under the limit of one process
         code = 3
         try:
-            held = _set_limits({"processes": 1}, 45999)
+            held = set_limits({"processes": 1}, 45999)
             os.setgid(45999)
             os.setuid(45999)
             stop = threading.Event()

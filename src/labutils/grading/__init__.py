@@ -16,8 +16,20 @@ batch (many submissions in parallel), release (a learner's copy of a lab), wrong
 (grades for Canvas).
 """
 
+from typing import Any
+
 from labutils.grading.batch import GradingError, grade
 from labutils.grading.checks import Checker, CheckResult, Part, check
-from labutils.grading.runner import run_checks
 
 __all__ = ["check", "Checker", "CheckResult", "Part", "run_checks", "grade", "GradingError"]
+
+
+def __getattr__(name: str) -> Any:
+    # run_checks is imported on first use: the grader starts `python -m
+    # labutils.grading.runner`, and a runner already imported by this package would be
+    # loaded twice (runpy warns about it on the checks' stderr)
+    if name == "run_checks":
+        from labutils.grading.runner import run_checks
+
+        return run_checks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

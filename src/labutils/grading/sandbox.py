@@ -192,7 +192,7 @@ def _drop_capabilities() -> None:
     _call("capset", ctypes.c_char_p(header), data)
 
 
-def _set_limits(limits: dict, uid: int) -> list[str]:
+def set_limits(limits: dict, uid: int) -> list[str]:
     """rlimits for the command, which runs as uid."""
     held = []
     pairs = [("memory_bytes", resource.RLIMIT_AS, "memory per process"),
@@ -240,7 +240,7 @@ def _threads_of(uid: int) -> int:
 def _exec(spec: dict, command: list[str], enforced: dict, outer_uid: int) -> None:
     """Last steps in the process that becomes the command."""
     user = spec.get("user") if outer_uid == 0 else None
-    enforced["limits"] = _set_limits(spec.get("limits", {}), user[0] if user else outer_uid)
+    enforced["limits"] = set_limits(spec.get("limits", {}), user[0] if user else outer_uid)
     if outer_uid == 0 and (user or enforced.get("namespaces")):
         try:
             _drop_bounding_set()

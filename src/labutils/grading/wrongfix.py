@@ -63,7 +63,7 @@ class WrongFix:
                                "per file it changes")
 
 
-CONTROL = "the solution, unchanged (must score 1)"
+CONTROL = "the solution, unchanged"
 
 
 @dataclass
@@ -265,13 +265,13 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
 def format_row(r: Scored) -> str:
     if r.fix is None:
         verdict = "full" if r.full_marks else ("ERROR" if r.error else "LOSES")
-        line = f"  {verdict:7} {r.fraction:5.3f} (must be 1)        {CONTROL.split(' (')[0]}"
+        line = f"  {verdict:7} {r.fraction:5.3f} (must be 1)        {r.name}"
         if not r.full_marks and not r.error:
             lost = [c["name"] for c in r.checks if float(c["score"]) < float(c["points"])]
             line += f"\n          loses points on: {'; '.join(lost)}"
         return line + (f"\n          {r.error}" if r.error else "")
     verdict = "caught" if r.caught else ("ERROR" if r.error else "PASSES")
-    line = f"  {verdict:7} {r.fraction:5.3f} (must stay < {r.bound:g})  {r.fix.name}"
+    line = f"  {verdict:7} {r.fraction:5.3f} (must stay < {r.bound:g})  {r.name}"
     if r.required_failed and r.caught and r.fraction >= r.bound - 1e-9:
         line += f"\n          fails the required check: {'; '.join(r.required_failed)}"
     return line + (f"\n          {r.error}" if r.error else "")
@@ -301,8 +301,6 @@ def add_subcommand(sub) -> None:
                    help="grade only this wrong fix (repeatable)")
     p.add_argument("--full", action="store_true",
                    help="run every check, even once the verdict is certain")
-    p.add_argument("--no-control", action="store_true",
-                   help="skip the first row, the unchanged solution (which must score 1)")
 
     def handler(ns) -> int:
         fixes = catalogue(ns.lab)
@@ -311,7 +309,7 @@ def add_subcommand(sub) -> None:
             raise GradingError(f"{ns.lab}: no wrong fix named {unknown[0]!r}" if unknown else
                                f"{ns.lab} keeps no {WRONG_FIXES_FILE}; see labs/07_resume_after_kill")
         chosen = [fix for fix in fixes if not ns.only or fix.name in ns.only]
-        rows = score_all(ns.lab, chosen, decide=not ns.full, control=not ns.no_control,
+        rows = score_all(ns.lab, chosen, decide=not ns.full, control=True,
                          on_row=lambda row: print(format_row(row), flush=True))
         print(format_scored(Path(ns.lab).resolve().name, rows).splitlines()[0])
         return 0 if all(r.caught if r.fix is not None else r.full_marks for r in rows) else 1
