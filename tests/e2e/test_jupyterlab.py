@@ -333,7 +333,9 @@ def test_a_rank_at_a_breakpoint_takes_pdb_commands_in_its_pane(scenario):
     wait_for(lambda: box.count() == 1, timeout=120, what="a pdb text box in rank 1's pane")
     wait_for(lambda: view.state(1) == "debugging", timeout=10, what="rank 1 shown debugging")
     assert scenario.busy(cell)
-    assert "type pdb commands in its pane" in view.notes.inner_text()
+    # the console is laid out at once, the notes on the display's next refresh
+    wait_for(lambda: "type pdb commands in its pane" in view.notes.inner_text(), timeout=10,
+             what="the note that says rank 1's pane takes pdb commands")
 
     def command(text: str, answer: str) -> None:
         box.fill(text)
