@@ -450,14 +450,14 @@ def test_a_cuda_build_of_torch_gets_no_address_space_limit_and_the_report_says_w
         tmp_path, monkeypatch):
     """CUDA's driver fails to start under RLIMIT_AS ("out of memory", then a dead kernel or
     checks process: seen on a GPU machine); the resident-size watch stays."""
-    from labutils.grading import batch, procs
+    from labutils.grading import batch
     from labutils.grading.sandbox import set_limits
 
     lab = batch.load_lab(REPO / "labs" / "02_rank_zero_collective")
-    assert procs.torch_is_gpu_build() is False        # this machine's pinned CPU build
+    assert batch.torch_is_gpu_build() is False        # this machine's pinned CPU build
     cpu = batch.Batch(lab, out_dir=tmp_path, timeout=None, isolate=False)
     assert cpu.limits["memory_bytes"] == 4 << 30 and "memory_note" not in cpu.limits
-    monkeypatch.setattr(procs, "torch_is_gpu_build", lambda: True)
+    monkeypatch.setattr(batch, "torch_is_gpu_build", lambda: True)
     gpu = batch.Batch(lab, out_dir=tmp_path, timeout=None, isolate=False)
     assert gpu.limits["memory_bytes"] == 0 and gpu.limits["tree_memory_bytes"] == 4 << 30
     for b in (cpu, gpu):

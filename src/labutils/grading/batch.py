@@ -11,6 +11,7 @@ each submission finishes, and all of them once more at the end, from memory.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -167,6 +168,17 @@ def _failed_tests(lab: Lab, why: str) -> list[dict]:
          "hidden": c["hidden"], "required": c.get("required", False)} for c in lab.checks]
 
 
+def torch_is_gpu_build() -> bool:
+    """The installed torch is a CUDA (or ROCm) build: its library folder holds the GPU
+    part of libtorch. Found without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(folder) / "lib"
+        if any(lib.glob("libtorch_cuda*.so*")) or any(lib.glob("libtorch_hip*.so*")):
+            return True
+    return False
+
+
 class Batch:
     def __init__(self, lab: Lab, *, out_dir: Path, timeout: float | None, isolate: bool) -> None:
         self.lab = lab
@@ -177,7 +189,7 @@ class Batch:
         self.checks_timeout = float(lab.config.get("checks_timeout", DEFAULT_CHECKS_TIMEOUT_S)) * scale
         self.isolate = isolate
         self.limits = {**DEFAULT_LIMITS, **lab.config.get("limits", {})}
-        if self.limits["memory_bytes"] and procs.torch_is_gpu_build():
+        if self.limits["memory_bytes"] and torch_is_gpu_build():
             # CUDA's driver reserves far more address space than it uses: under RLIMIT_AS
             # its start fails ("out of memory"), and a kernel or checks process that touches
             # it dies. The resident size of the submission's tree is still watched.

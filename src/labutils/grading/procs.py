@@ -26,19 +26,6 @@ TAG_ENV = runfiles.ENV_GRADE_TAG
 
 
 
-def torch_is_gpu_build() -> bool:
-    """The installed torch is a CUDA (or ROCm) build: its library folder holds the GPU
-    part of libtorch. Found without importing torch."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        lib = Path(folder) / "lib"
-        if any(lib.glob("libtorch_cuda*.so*")) or any(lib.glob("libtorch_hip*.so*")):
-            return True
-    return False
-
-
 def tagged(tag: str) -> list[int]:
     """Processes whose environment carries LABUTILS_GRADE_TAG=tag."""
     return carrying(TAG_ENV, tag)

@@ -123,13 +123,25 @@ def solution_folder(lab: Path) -> Path:
     return lab.parent.parent / "solutions" / lab.name
 
 
-def apply(fix: WrongFix, lab: Path, target: Path) -> Path:
-    """Write the lab's files with the fix applied into target (a learner's folder)."""
+def _learner_copy(lab: Path, target: Path, versions: Path | None = None) -> Path:
+    """The learner's files of lab in target, each from the folder versions where it has one."""
     from labutils.grading.release import learner_files
 
     for rel, data in learner_files(lab).items():
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        (target / rel).write_bytes(data)
+        theirs = versions / rel if versions is not None else None
+        (target / rel).write_bytes(theirs.read_bytes() if theirs and theirs.is_file() else data)
+    return target
+
+
+def prepare_solution(lab: Path, target: Path) -> Path:
+    """The learner's files with the solution's versions of them (the control)."""
+    return _learner_copy(lab, target, solution_folder(lab))
+
+
+def apply(fix: WrongFix, lab: Path, target: Path) -> Path:
+    """Write the lab's files with the fix applied into target (a learner's folder)."""
+    _learner_copy(lab, target)
     source = solution_folder(lab) if fix.base == "solution" else lab
     for rel, edits in fix.edits.items():
         if not (source / rel).is_file():
@@ -147,18 +159,6 @@ def apply(fix: WrongFix, lab: Path, target: Path) -> Path:
 
 class _Decided(Exception):
     """The fix cannot reach its bound any more: its remaining checks need not run."""
-
-
-def prepare_solution(lab: Path, target: Path) -> Path:
-    """The learner's files with the solution's versions of them (the control)."""
-    from labutils.grading.release import learner_files
-
-    solution = solution_folder(lab)
-    for rel, data in learner_files(lab).items():
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        theirs = solution / rel
-        (target / rel).write_bytes(theirs.read_bytes() if theirs.is_file() else data)
-    return target
 
 
 def _bound(the_lab, fix: WrongFix) -> float:
