@@ -429,3 +429,27 @@ def test_a_canvas_zip_is_graded_and_exported_on_the_learners_canvas_ids(tmp_path
                         ["Lee, Ann", "101", "S1", "ann", "Tue", "7"],
                         ["Ng, Bob", "102", "S2", "bob", "Tue", "3.89"],
                         ["Roy, Dee", "104", "S4", "dee", "Wed", "0"]]
+
+
+def test_checks_that_die_say_so_and_the_grader_log_keeps_their_last_words(tmp_path):
+    """A checks process that ends without a result (exit code 127 on a GPU machine, whose
+    CUDA could not start under the address-space limit) left no reason anywhere."""
+    from labutils.grading import grade
+    from labutils.grading.report import GRADER_LOG
+
+    lab = _tiny_lab(tmp_path)
+    checks = (lab / "checks.py").read_text().replace(
+        "def right(c):\n",
+        "def right(c):\n    import os, sys\n    print('libfoo: cannot start: out of memory', "
+        "file=sys.stderr, flush=True)\n    os._exit(127)\n")
+    (lab / "checks.py").write_text(checks)
+    copy = release(lab, tmp_path / "copy", verify=False, progress=None)
+    [result] = grade(lab, [copy], out_dir=tmp_path / "grades", progress=None)
+    right = next(t for t in result["tests"] if t["name"] == "The answer is 42")
+    assert right["output"] == ("[FAIL] not measured: the checks ended (exit code 127) before this "
+                               "one ran; what they printed is in the instructor's grader.log")
+    log = (tmp_path / "grades" / result["name"] / GRADER_LOG).read_text()
+    assert "== checks: stderr\n" in log and "libfoo: cannot start: out of memory" in log
+    published = (tmp_path / "grades" / result["name"] / "results.json").read_text()
+    assert "libfoo" not in published and "libfoo" not in (
+        tmp_path / "grades" / result["name"] / "feedback.html").read_text()

@@ -368,7 +368,8 @@ class Supervisor:
             if result is None:
                 why = grader_error or (
                     f"the checks {phase.detail}" if phase.ended != "exited" else
-                    f"the checks ended (exit code {phase.exit_code}) before this one ran")
+                    f"the checks ended (exit code {phase.exit_code}) before this one ran; "
+                    "what they printed is in the instructor's grader.log")
                 tests.append({"name": spec["name"], "max_score": spec["points"], "score": 0.0,
                               "status": "failed", "output": f"[FAIL] not measured: {why}",
                               "visibility": spec["visibility"], "hidden": spec["hidden"],
