@@ -17,8 +17,9 @@ cluster/slurm_backend.py):
 
 - ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
   environment (every run of a kernel, a class or a test session cold);
-- a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU):
-  the course has tested warm starts on CPU only;
+- a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU
+  and CUDA_VISIBLE_DEVICES does not hide it): the course has tested warm starts on CPU
+  only;
 - not Linux (fork, /proc and the subreaper are Linux's);
 - the server could not be started (its last words are in the reason).
 
@@ -125,15 +126,23 @@ def _cold_rule(spec: LaunchSpec) -> str | None:
         return f"{runfiles.ENV_START}=cold"
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return "warm start needs Linux (fork, /proc)"
-    if spec.backend == "nccl" or (spec.backend == "auto" and _has_gpu()):
+    if spec.backend == "nccl" or (spec.backend == "auto" and _ranks_see_a_gpu(spec.env)):
         return "a GPU run starts cold (warm start is tested on CPU only)"
     return None
 
 
-def _has_gpu() -> bool:
-    """An NVIDIA GPU on this machine, without importing torch."""
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+def _ranks_see_a_gpu(extra: dict[str, str]) -> bool:
+    """An NVIDIA GPU on this machine that the run's ranks can see, without importing
+    torch: CUDA_VISIBLE_DEVICES empty (or -1), in the run's variables or the caller's,
+    hides every GPU from CUDA, and the ranks run on CPU as on a machine without one."""
+    visible = extra.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
     try:
-        return any(Path("/proc/driver/nvidia/gpus").iterdir())
+        return any(NVIDIA_GPUS.iterdir())
     except OSError:
         return False
 
