@@ -7,6 +7,7 @@ as the probe's.
 
 from __future__ import annotations
 
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -165,8 +166,12 @@ def test_the_data_probe_sees_each_batch_a_dataloader_hands_over(tmp_path, worker
 
     script = tmp_path / "script.py"
     script.write_text(DATA_SCRIPT)
-    result = launch_measured(script, 2, measure=["data"], args=[workers], display="none",
-                             hang_timeout=30, timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    # persistent workers still alive at exit are ended by multiprocessing, and leave their
+    # pymp-* folders behind, as they do without the launcher: in a folder of the test's
+    with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
+        result = launch_measured(script, 2, measure=["data"], args=[workers], display="none",
+                                 hang_timeout=30, timeout=90, log_dir=tmp_path / "runs",
+                                 backend="gloo", env={"TMPDIR": tmp})
     assert result.ok, result.summary()
     data = Run(label="script.py", result=result, learner_dir=tmp_path).probe("data")
     for rank in (0, 1):

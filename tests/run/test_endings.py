@@ -13,6 +13,7 @@ runs every ending in all four (2 or 4 ranks, failing rank first or last).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,14 @@ def pytest_generate_tests(metafunc):
 
 def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:
     # gloo named: "auto" on a machine with a GPU starts cold by itself (run/warm.py), and
-    # the endings are the CPU's, the same on any machine
-    result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none", backend="gloo",
-                    hang_timeout=4 if how == "stuck" else 30, timeout=90,
-                    log_dir=tmp_path, warm=warm)
+    # the endings are the CPU's, the same on any machine. The ranks' temporary folder is
+    # the test's: a DataLoader worker killed after it sent a batch leaves its
+    # multiprocessing folder (pymp-*) behind, as it does without the launcher; a short
+    # path, since that folder holds a Unix socket (108 bytes at most).
+    with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
+        result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
+                        backend="gloo", hang_timeout=4 if how == "stuck" else 30, timeout=90,
+                        log_dir=tmp_path, warm=warm, env={"TMPDIR": tmp})
     assert result.to_json()["start"] == ("warm" if warm else "cold")
     return result.to_json()
 
