@@ -74,9 +74,11 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
 
 
 # The same contract through the SLURM back end: the six endings that once named the wrong
-# rank (the issue's table), each of the 2 ranks on a SLURM node of its own (a labutils
-# node launcher each, cold, following one shared run folder), the failing rank last.
-SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_error")
+# rank (the issue's table) and a SIGTERM from outside (once read there as torchrun's,
+# blaming rank 0's lost connection), each of the 2 ranks on a SLURM node of its own (a
+# labutils node launcher each, cold, following one shared run folder), the failing rank
+# last.
+SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_error", "sigterm")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ return what they settled and change nothing, and the loop applies it (run/follow
 from __future__ import annotations
 
 import copy
+import os
 import signal
 
 import pytest
@@ -160,6 +161,65 @@ def test_a_sigterm_torchrun_or_the_launcher_sent_is_no_root_cause(tmp_path, by):
         state.signalled.add(101)
     f = outcome.final_result(state, now=5.0).result.failure
     assert (f.rank, f.kind) == (0, "exception")  # only rank 0's error is left to name
+
+
+def _shared(tmp_path, *, node1_log: str | None = "", stop_at: float | None = None,
+            done_at: float | None = None, reason=Ending.FAILED,
+            rank0_raises_at: float | None = None) -> outcome.RunState:
+    """A SLURM job's two nodes, followed through their shared run folder by the launcher
+    that submitted it (no rank is its own): rank 1 (node1) ends by SIGTERM at t=2, rank 0
+    (node0) then loses it in a collective; or rank 0 raises first, at rank0_raises_at.
+    stop.json and done-node0 written at stop_at and done_at."""
+    def start(rank: int) -> dict:
+        return {**_start(rank, 1.0), "node": f"node{rank}"}
+
+    own = [{**_gloo_error(rank0_raises_at), "exc_type": "ValueError", "message": "bad batch"}] \
+        if rank0_raises_at is not None else [_gloo_error(3.0)]
+    state = _state(tmp_path, {0: [start(0), *own], 1: [start(1)]},
+                   [{"host": "vm", "pid": 101, "code": -signal.SIGTERM, "t": 2.0},
+                    {"host": "vm", "pid": 100, "code": 1, "t": 3.1}], reason=reason)
+    state.shared = True
+    (tmp_path / "agentnode0.log").write_text("")
+    if node1_log is not None:
+        (tmp_path / "agentnode1.log").write_text(node1_log)
+    for name, at in (("stop.json", stop_at), ("done-node0", done_at)):
+        if at is not None:
+            (tmp_path / name).write_text('{"by": "node0", "reason": "stopped"}')
+            os.utime(tmp_path / name, (at, at))
+    assert not any(r.local for r in state.ranks)
+    return state
+
+
+def test_through_a_shared_run_folder_a_sigterm_nobody_sent_is_a_root_cause(tmp_path):
+    """The job's nodes' torchrun logs are in the run folder: rank 1's node did not send its
+    SIGTERM, it ended first, and nobody had ended the job yet (no stop.json before)."""
+    f = outcome.final_result(_shared(tmp_path, stop_at=9.0, done_at=9.0), now=5.0).result.failure
+    assert (f.rank, f.kind, f.exc_type, f.exit_code) == (1, "signal", "SIGTERM", -signal.SIGTERM)
+    assert "neither torchrun nor the launcher sent" in f.message and f.victims == [0]
+    (tmp_path / "no-stop").mkdir()
+    f = outcome.final_result(_shared(tmp_path / "no-stop"), now=5.0).result.failure
+    assert f.rank == 1
+
+
+@pytest.mark.parametrize("case", ["its node's torchrun sent it", "the job was ended first",
+                                  "another node was done first", "the run was stopped",
+                                  "a peer failed first", "its node's log is not here"])
+def test_through_a_shared_run_folder_a_sigterm_of_ours_is_no_root_cause(tmp_path, case):
+    """What the other nodes' launchers (and srun) signalled is not known here; they signal
+    only once another node is done (done-<node>) or the job was ended early (stop.json)."""
+    state = _shared(tmp_path, **{
+        "its node's torchrun sent it": {"node1_log": _SENDS.format(pid=101)},
+        "the job was ended first": {"stop_at": 1.5},
+        "another node was done first": {"done_at": 2.0},
+        "the run was stopped": {"reason": Ending.STOPPED},
+        "a peer failed first": {"rank0_raises_at": 1.5},
+        "its node's log is not here": {"node1_log": None},
+    }[case])
+    f = outcome.final_result(state, now=5.0).result.failure
+    if case == "the run was stopped":
+        assert f is None  # a stopped run names no failure
+    else:
+        assert (f.rank, f.kind) == (0, "exception"), f
 
 
 def test_a_sigterm_exit_code_assumed_when_closing_an_attempt_is_no_root_cause(tmp_path):

@@ -124,19 +124,45 @@ def torchrun_signalled(logs: list[Path]) -> set[int]:
 
 def terminated_elsewhere(state: RunState, members: list[RankState],
                          exit_codes: dict[int, int | None], assumed: AbstractSet[int]) -> set[int]:
-    """Ranks that SIGTERM ended although neither torchrun nor this launcher sent it (a
-    `kill PID`, a scheduler's preemption, the script signalling itself): they ended on
-    their own, like a rank SIGKILL ended. Only where every agent's log is here (not a job
-    whose nodes are followed through a shared run folder or a scheduler); assumed: ranks
-    whose SIGTERM exit code was assumed, not read."""
-    if state.shared or state.backend.scheduled:
-        return set()
-    ended = [r for r in members if exit_codes.get(r.rank) == -signal.SIGTERM and r.local
-             and r.pid and r.rank not in assumed and r.pid not in state.signalled]
+    """Ranks that SIGTERM ended although neither torchrun nor a launcher of the run sent
+    it (a `kill PID`, a scheduler's preemption, the script signalling itself): they
+    ended on their own, like a rank SIGKILL ended. assumed: ranks whose SIGTERM exit
+    code was assumed, not read.
+
+    On one machine every agent's log is here, and this launcher knows what it signalled.
+    A run whose nodes share a run folder (SLURM, a multi-node job) is read by
+    shared_run_terminated()."""
+    ended = [r for r in members if exit_codes.get(r.rank) == -signal.SIGTERM and r.pid
+             and r.rank not in assumed and not (r.local and r.pid in state.signalled)]
     if not ended:
         return set()
+    if state.shared or state.backend.scheduled:
+        return {r.rank for r in ended if shared_run_terminated(state, r)}
     by_torchrun = torchrun_signalled(state.backend.logs())
-    return {r.rank for r in ended if r.pid not in by_torchrun}
+    return {r.rank for r in ended if r.local and r.pid not in by_torchrun}
+
+
+def shared_run_terminated(state: RunState, r: RankState) -> bool:
+    """terminated_elsewhere() for one rank of a run whose nodes share its folder. Every
+    node's torchrun log is there (agent<node>.log), but not what the other nodes'
+    launchers, or SLURM, signalled. They signal ranks only once a node is done (its
+    done-<node> file: a node launcher stops its ranks when another node's failed, and
+    srun ends a job step when one of its launchers fails) or once the job is ended early
+    (stop.json). So the SIGTERM was nobody's on our side when the rank ended before any
+    of those files was written and its node's torchrun log is here and did not send
+    it."""
+    if r.ended_t is None:
+        return False
+    markers = [runfiles.stop_path(state.run_dir), *runfiles.node_done_paths(state.run_dir)]
+    for path in markers:
+        try:
+            if path.stat().st_mtime <= r.ended_t:
+                return False
+        except OSError:
+            continue  # not written
+    logs = state.backend.logs() if r.local else \
+        [runfiles.agent_log_path(state.run_dir, r.node)] if r.node else []
+    return any(log.is_file() for log in logs) and r.pid not in torchrun_signalled(logs)
 
 
 def agent_failure(agent_text: str, exit_code: int | None = None) -> Failure:

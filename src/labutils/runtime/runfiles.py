@@ -150,6 +150,11 @@ def node_done_path(run_dir: str | os.PathLike, node: str) -> Path:
     return Path(run_dir) / f"done-{node}"
 
 
+def node_done_paths(run_dir: str | os.PathLike) -> list[Path]:
+    """Every node's done-<node> file written so far."""
+    return sorted(Path(run_dir).glob("done-*"))
+
+
 def node_summary_path(run_dir: str | os.PathLike, node: str) -> Path:
     """The summary one node's launcher writes when it is done (summary.json is the
     single-machine run's, or the scheduler view's)."""
