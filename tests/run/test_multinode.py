@@ -17,6 +17,8 @@ import warnings
 
 import psutil
 import pytest
+from endings_table import SCRIPT as ENDINGS_SCRIPT
+from endings_table import check_verdict
 
 from labutils.runtime import runfiles
 from labutils.cli import build_parser, launch_kwargs
@@ -136,6 +138,16 @@ def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
     assert 3 not in result.failure.victims
     assert set(result.failure.victims) <= {0, 1, 2}
     assert result.exit_status == 1
+    assert not _leftovers(result.log_dir)
+
+
+def test_a_sigterm_from_outside_on_the_other_node_is_the_root_cause(hosts, tmp_path):
+    """Rank 3 (node 1) sends itself SIGTERM: a launcher that follows node 1 through the
+    shared run folder cannot know what node 1's launcher signalled, and still names
+    rank 3, not rank 0's lost connection (tests/run/test_endings.py's contract)."""
+    result = hosts.launch(ENDINGS_SCRIPT, 2, args=["sigterm", "3"], log_dir=tmp_path / "runs",
+                          display="none", hang_timeout=30, timeout=120)
+    check_verdict(result.to_json(), "sigterm", 4, 3)
     assert not _leftovers(result.log_dir)
 
 
