@@ -7,6 +7,8 @@ failure and hang diagnosis; stop and interrupt cancel the job and leave the queu
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import textwrap
 
@@ -83,6 +85,11 @@ def test_planted_failure_names_its_rank(slurm_cluster, job, tmp_path):
     assert result.failure.victims == [0]
     assert result.exit_status == 1
     assert not slurm_queue().strip()
+    # no srun --kill-on-bad-exit: each node stopped its own ranks and recorded how they
+    # ended, and none was cut short as "interrupted" by srun ending the step
+    assert "--kill-on-bad-exit=1" not in (result.log_dir / "job.sbatch").read_text()
+    nodes = {p.name: json.loads(p.read_text())["reason"] for p in result.log_dir.glob("summary-node*.json")}
+    assert set(nodes.values()) == {"failed"} and len(nodes) == slurm_cluster.nodes, nodes
 
 
 def test_hang_is_diagnosed_and_the_job_cancelled(slurm_cluster, job, tmp_path):

@@ -24,6 +24,7 @@ from helpers import SCRIPTS
 
 from labutils import launch
 from labutils.run.display import Display
+from labutils.runtime import runfiles
 from labutils.runtime.procs import pid_alive
 
 # Every test here runs warm and cold (conftest.py: the `start` fixture).
@@ -83,6 +84,13 @@ def _in_process(ending: str, pids_file: Path, start: str):
                     timeout=10 if ending == "timeout" else None)
     assert result.reason == {"failed": "failed", "stop": "stopped"}.get(ending, ending), result
     assert result.ownership == "subreaper" and result.start == start
+    if ending == "stop":
+        # the keeper let the agent collect its stopped ranks and write how they ended (a
+        # launcher on another node reads only these): two, by SIGTERM, or SIGKILL
+        # for one that outlived its grace
+        ended = [json.loads(line) for path in runfiles.endings_files(result.log_dir)
+                 for line in path.read_text().splitlines()]
+        assert sorted(e["code"] in (-signal.SIGTERM, -signal.SIGKILL) for e in ended) == [True, True], ended
     return result
 
 

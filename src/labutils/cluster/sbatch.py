@@ -88,12 +88,14 @@ def _shell_words(words: Sequence[str | ShellRef]) -> str:
     return " \\\n        ".join(" ".join(line) for line in lines)
 
 
-def srun_command(node_command: Sequence[str | ShellRef], *, gpus_per_node: int | None = None) -> str:
+def srun_command(node_command: Sequence[str | ShellRef], *, gpus_per_node: int | None = None,
+                 kill_on_bad_exit: bool = True) -> str:
     """The srun line of the batch script: one task per node runs node_command.
 
     Args:
         node_command: the words each node runs; ShellRef words are expanded on the node.
         gpus_per_node: passed on to srun too, so the step gets the job's GPUs.
+        kill_on_bad_exit: srun ends every node when one fails (--kill-on-bad-exit=1).
     """
     if not node_command:
         raise InputError("node_command", expected="a non-empty list of words", given=node_command,
@@ -102,7 +104,7 @@ def srun_command(node_command: Sequence[str | ShellRef], *, gpus_per_node: int |
     inner = "exec " + _shell_words(node_command)
     return ("exec srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1 "
             f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\"{gpus} \\\n"
-            "    --kill-on-bad-exit=1 --label \\\n"
+            f"    {'--kill-on-bad-exit=1 ' if kill_on_bad_exit else ''}--label \\\n"
             f"    bash -c {shlex.quote(inner)}\n")
 
 
@@ -134,6 +136,7 @@ def sbatch_script(
     rdzv_port: int = 29500,
     python: str = "python",
     node_command: NodeCommand = torchrun_node_command,
+    kill_on_bad_exit: bool = True,
 ) -> str:
     """The text of an sbatch script that runs SCRIPT on nnodes x nproc_per_node ranks.
 
@@ -154,6 +157,9 @@ def sbatch_script(
         rdzv_port: the port of the c10d store on the head node.
         python: the interpreter on the nodes.
         node_command: builds the words each node runs from NodeValues.
+        kill_on_bad_exit: srun ends the other nodes when one fails. False for nodes
+            that stop their own ranks when another node failed, as labutils launch's
+            nodes do through the run folder they share (run/nodes.py).
     """
     if not isinstance(script, str) or not script.endswith(".py"):
         raise InputError("script", expected="a Python file name ending in .py", given=script,
@@ -204,6 +210,9 @@ def sbatch_script(
         *([f"--chdir={run_dir}"] if run_dir else []),
     ]
     sbatch_lines = "".join(f"#SBATCH {d}\n" for d in directives)
+    ends = ("--kill-on-bad-exit=1: a node that fails ends the others, no rank waits\n# forever."
+            if kill_on_bad_exit else "No --kill-on-bad-exit: each node stops its own ranks when\n"
+            "# another node's failed, and records how each ended (they share the run folder).\n#")
     return f"""\
 #!/bin/bash
 # {nnodes} node(s) x {nproc_per_node} rank(s) of {script}, written by labutils.cluster.slurm.
@@ -221,9 +230,8 @@ echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) $SLURM_JOB_NODELIST, rendezvous $
 
 # exec srun: srun replaces this shell, so scancel's signals reach it directly.
 # One task per node; --cpus-per-task is repeated because srun (SLURM 22.05) does not
-# inherit it. --kill-on-bad-exit=1: a node that fails ends the others, no rank waits
-# forever. --label: every output line starts with its node's index.
+# inherit it. {ends} --label: every output line starts with its node's index.
 # bash -c '...': $SLURM_NODEID and friends are expanded on each node, then exec lets
 # the command replace bash, so SLURM's signals reach it.
-{srun_command(node_command(node), gpus_per_node=gpus_per_node)}"""
+{srun_command(node_command(node), gpus_per_node=gpus_per_node, kill_on_bad_exit=kill_on_bad_exit)}"""
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from labutils.cluster.sbatch import sbatch_script
-from labutils.cluster.slurm_job import ACTIVE_STATES, SlurmJob, check_cluster
+from labutils.cluster.slurm_job import ACTIVE_STATES, SlurmError, SlurmJob, check_cluster
 from labutils.errors import LaunchConfigError
 from labutils.run.attempts import RankState
 from labutils.run.backends import Agent, Backend
@@ -24,6 +24,7 @@ from labutils.run.warm import Start
 from labutils.runtime.procs import free_port
 
 SLURM_POLL_S = 0.5
+NODES_STOP_S = 10.0  # how long the nodes may take to stop their ranks after a node failed
 SLURM_RUNNING = (None, "RUNNING", "COMPLETING", "CONFIGURING")
 SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 _SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "job_name")
@@ -97,7 +98,7 @@ class SlurmBackend(Backend):
             str(self.spec.script), nnodes=self.spec.local_agents, nproc_per_node=self.spec.nproc,
             args=self.spec.args, job_name=opts.pop("job_name", self.spec.script.stem),
             output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=free_port(),
-            python=sys.executable, node_command=self.node_command, **opts)
+            python=sys.executable, node_command=self.node_command, kill_on_bad_exit=False, **opts)
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
         text = self.batch_script()
@@ -130,7 +131,21 @@ class SlurmBackend(Backend):
         return r.exit_code is None and not self.nodes.done(r.node) and self.state in SLURM_RUNNING
 
     def stop(self, ranks: list[int], reason: str, note) -> None:
-        if self.job is not None and reason != "ok" and self.state not in SLURM_ENDED:
+        """End the job: at once when it ends early (stop, interrupt, timeout, hang: the
+        nodes read stop.json); after a node failed, once the other nodes had
+        NODES_STOP_S to stop their ranks themselves (run/nodes.py: failed_elsewhere) and
+        record how each ended, which scancel would cut short by ending their keepers
+        too (a victim would show no exit code)."""
+        if self.job is None or reason == "ok":
+            return
+        deadline = time.monotonic() + (NODES_STOP_S if reason == "failed" else 0.0)
+        while self.state not in SLURM_ENDED and time.monotonic() < deadline:
+            time.sleep(SLURM_POLL_S)
+            try:
+                self.state = self.job.state()
+            except SlurmError:
+                break
+        if self.state not in SLURM_ENDED:
             note(f"cancelling SLURM job {self.job.job_id} (scancel)")
             self.state = self.job.cancel(wait=True)
 

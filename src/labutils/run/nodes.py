@@ -67,8 +67,11 @@ class NodeFiles:
         return runfiles.node_done_path(self.run_dir, token).exists()
 
     def mark_done(self) -> None:
-        if self.token:
-            runfiles.node_done_path(self.run_dir, self.token).touch()
+        """Write done-<node> once: its time is when this node's ranks were gone (what
+        outcome.shared_run_terminated compares a rank's ending with), not touched again."""
+        path = runfiles.node_done_path(self.run_dir, self.token)
+        if self.token and not path.exists():
+            path.touch()
 
     def first_to_diagnose(self, others: set[str]) -> bool:
         """Whether this node reads the stacks when the job hangs: the first node among

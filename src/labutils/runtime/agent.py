@@ -29,13 +29,14 @@ of os._exit() writes nothing itself.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import signal
 import sys
 import time
 
-from labutils.runtime.procs import become_subreaper, die_with_parent, tree
+from labutils.runtime.procs import become_subreaper, children, die_with_parent, tree
 from labutils.runtime.runfiles import (
     ENV_AGENT_PID,
     ENV_PARENT_PID,
@@ -124,22 +125,44 @@ def _signal(pids: list[int], sig: int) -> None:
             pass
 
 
+def _unrecorded(agent: int, pids: set[int]) -> set[int]:
+    """Those of pids the agent's endings file does not list yet (none where the run
+    keeps no such file)."""
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir or not pids:
+        return set()
+    try:
+        with open(endings_path(run_dir, os.uname().nodename, agent), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return pids
+    seen = set()
+    for line in lines:
+        try:
+            seen.add(int(json.loads(line)["pid"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return pids - seen
+
+
 def end_tree(agent: int, *, stopping: bool) -> int | None:
     """End every process below this one; the agent's wait status if it was reaped here.
 
     Everything left gets SIGTERM. When stopping (the agent may still run), the ranks
-    (the agent's children) get up to AGENT_GRACE_S to go, then the agent gets SIGKILL
-    at once: it would only wind down a rendezvous nobody needs. Whatever is still
-    there TREE_GRACE_S after the SIGTERM (a rank's child that ignores it, a daemon)
-    gets SIGKILL until nothing is left; processes forked meanwhile are found on the
-    next pass.
+    (the agent's children) get up to AGENT_GRACE_S to go, and the agent to collect
+    them and record how each ended (record_endings: what a launcher following the run
+    folder from another machine reads); then the agent gets SIGKILL at once: it would
+    only wind down a rendezvous nobody needs. Whatever is still there TREE_GRACE_S
+    after the SIGTERM (a rank's child that ignores it, a daemon) gets SIGKILL until
+    nothing is left; processes forked meanwhile are found on the next pass.
     """
     me, status, start = os.getpid(), None, time.monotonic()
+    ranks = set(children(agent))
     _signal(tree(me), signal.SIGTERM)
     if stopping:
         while time.monotonic() - start < AGENT_GRACE_S:
             status = _reap(agent) if status is None else status
-            if status is not None or not tree(agent):
+            if status is not None or (not children(agent) and not _unrecorded(agent, ranks)):
                 break
             time.sleep(0.02)
         if status is None:
