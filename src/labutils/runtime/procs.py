@@ -56,15 +56,9 @@ def ownership_mode() -> str:
         "/proc/self") else OWNERSHIP_TREE
 
 
-def tree(root: int) -> list[int]:
-    """Every live descendant of root, read from /proc (no psutil: the keeper uses it).
-
-    The walk goes through zombies: a multi-threaded process (a torchrun agent) whose
-    main thread has exited shows as a zombie while its other threads finish, and its
-    children keep it as their parent until the last thread is gone; they are still
-    descendants to end. Zombies themselves are not listed: they are already dead.
-    """
-    children: dict[int, list[tuple[int, bool]]] = {}
+def _proc_table() -> list[tuple[int, int, bool]]:
+    """(pid, parent pid, is a zombie) of every process, read from /proc."""
+    table = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -73,10 +67,24 @@ def tree(root: int) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        children.setdefault(int(fields[1]), []).append((int(entry), fields[0] in (b"Z", b"X")))
+        table.append((int(entry), int(fields[1]), fields[0] in (b"Z", b"X")))
+    return table
+
+
+def tree(root: int) -> list[int]:
+    """Every live descendant of root, read from /proc (no psutil: the keeper uses it).
+
+    The walk goes through zombies: a multi-threaded process (a torchrun agent) whose
+    main thread has exited shows as a zombie while its other threads finish, and its
+    children keep it as their parent until the last thread is gone; they are still
+    descendants to end. Zombies themselves are not listed: they are already dead.
+    """
+    children_of: dict[int, list[tuple[int, bool]]] = {}
+    for pid, ppid, dead in _proc_table():
+        children_of.setdefault(ppid, []).append((pid, dead))
     found, todo = [], [root]
     while todo:
-        for child, dead in children.get(todo.pop(), []):
+        for child, dead in children_of.get(todo.pop(), []):
             if not dead:
                 found.append(child)
             todo.append(child)
@@ -85,17 +93,7 @@ def tree(root: int) -> list[int]:
 
 def children(pid: int) -> list[int]:
     """pid's child processes, zombies included: those its wait has not collected yet."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
+    return [child for child, ppid, _ in _proc_table() if ppid == pid]
 
 
 def carrying(name: str, value: str) -> list[int]:
