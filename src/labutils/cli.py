@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -39,6 +40,18 @@ def _end_on(signum: int, frame) -> None:
     raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
 
 
+def _can_type() -> bool:
+    """Whether this terminal can be a rank's debugger: not when stdin is the null device
+    (nohup, a node of a virtual cluster or of a SLURM job), where pdb would read the end
+    of its input at once and quit the rank (q) before anyone typed; the display then
+    says how to attach from a terminal (labutils debug), as it does for a notebook's
+    ranks on another node. A pipe or a file still types commands, as a user would."""
+    try:
+        return not os.path.samestat(os.fstat(0), os.stat(os.devnull))
+    except OSError:  # stdin closed
+        return False
+
+
 def _cmd_launch(ns: argparse.Namespace) -> int:
     from labutils.notebook.display import TextDisplay
     from labutils.run.launcher import last_result, launch
@@ -49,7 +62,7 @@ def _cmd_launch(ns: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _end_on)
     try:
-        result = launch(display=TextDisplay(limit=None, console=True), **kwargs)
+        result = launch(display=TextDisplay(limit=None, console=_can_type()), **kwargs)
     except KeyboardInterrupt:
         last = last_result()
         if last is not None and ns.json_file:

@@ -79,9 +79,11 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
 # by its node, once showed no exit code and was no victim: the keeper ended the agent
 # before it wrote how rank 0 ended), each of the 2 ranks on a SLURM node of its own (a
 # labutils node launcher each, cold, following one shared run folder), the failing rank
-# last. All the endings pass there (checked once, 2026-11-28).
+# last; and a rank that fails while its peer waits at a breakpoint (every node's
+# launcher read the end of srun's input as its terminal's, one quit the peer's debugger).
+# All the endings pass there (checked once, 2026-11-28).
 SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_error", "sigterm",
-                 "init_error")
+                 "init_error", "breakpoint_peer")
 
 
 @pytest.mark.slow

@@ -141,13 +141,18 @@ def test_failure_on_the_other_node_is_the_root_cause(hosts, job, tmp_path):
     assert not _leftovers(result.log_dir)
 
 
-def test_a_sigterm_from_outside_on_the_other_node_is_the_root_cause(hosts, tmp_path):
-    """Rank 3 (node 1) sends itself SIGTERM: a launcher that follows node 1 through the
-    shared run folder cannot know what node 1's launcher signalled, and still names
-    rank 3, not rank 0's lost connection (tests/run/test_endings.py's contract)."""
-    result = hosts.launch(ENDINGS_SCRIPT, 2, args=["sigterm", "3"], log_dir=tmp_path / "runs",
+@pytest.mark.parametrize("how", ["sigterm", "breakpoint_peer"])
+def test_endings_across_nodes_get_the_verdict_of_one_machine(hosts, tmp_path, how):
+    """tests/run/test_endings.py's contract across two virtual nodes, rank 3 (node 1)
+    failing. sigterm: it sends itself SIGTERM, and a launcher that follows node 1
+    through the shared run folder, without knowing what node 1's launcher signalled,
+    still names rank 3, not rank 0's lost connection. breakpoint_peer: ranks 0-2 wait at
+    a breakpoint while rank 3 raises; node 1's launcher, whose input is the null device,
+    once took its terminal for their debugger, read its end and quit rank 0 (BdbQuit,
+    "also failed"), instead of leaving it as a victim."""
+    result = hosts.launch(ENDINGS_SCRIPT, 2, args=[how, "3"], log_dir=tmp_path / "runs",
                           display="none", hang_timeout=30, timeout=120)
-    check_verdict(result.to_json(), "sigterm", 4, 3)
+    check_verdict(result.to_json(), how, 4, 3)
     assert not _leftovers(result.log_dir)
 
 

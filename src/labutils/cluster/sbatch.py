@@ -89,22 +89,22 @@ def _shell_words(words: Sequence[str | ShellRef]) -> str:
 
 
 def srun_command(node_command: Sequence[str | ShellRef], *, gpus_per_node: int | None = None,
-                 kill_on_bad_exit: bool = True) -> str:
+                 labutils_nodes: bool = False) -> str:
     """The srun line of the batch script: one task per node runs node_command.
 
     Args:
         node_command: the words each node runs; ShellRef words are expanded on the node.
         gpus_per_node: passed on to srun too, so the step gets the job's GPUs.
-        kill_on_bad_exit: srun ends every node when one fails (--kill-on-bad-exit=1).
+        labutils_nodes: the nodes are labutils launchers (see sbatch_script).
     """
     if not node_command:
         raise InputError("node_command", expected="a non-empty list of words", given=node_command,
                          fix="return e.g. torchrun_node_command(node) from the node command")
     gpus = f" --gpus-per-node={gpus_per_node}" if gpus_per_node else ""
-    inner = "exec " + _shell_words(node_command)
+    inner = "exec " + _shell_words(node_command) + (" </dev/null" if labutils_nodes else "")
     return ("exec srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1 "
             f"--cpus-per-task=\"$SLURM_CPUS_PER_TASK\"{gpus} \\\n"
-            f"    {'--kill-on-bad-exit=1 ' if kill_on_bad_exit else ''}--label \\\n"
+            f"    {'' if labutils_nodes else '--kill-on-bad-exit=1 '}--label \\\n"
             f"    bash -c {shlex.quote(inner)}\n")
 
 
@@ -136,7 +136,7 @@ def sbatch_script(
     rdzv_port: int = 29500,
     python: str = "python",
     node_command: NodeCommand = torchrun_node_command,
-    kill_on_bad_exit: bool = True,
+    labutils_nodes: bool = False,
 ) -> str:
     """The text of an sbatch script that runs SCRIPT on nnodes x nproc_per_node ranks.
 
@@ -157,9 +157,11 @@ def sbatch_script(
         rdzv_port: the port of the c10d store on the head node.
         python: the interpreter on the nodes.
         node_command: builds the words each node runs from NodeValues.
-        kill_on_bad_exit: srun ends the other nodes when one fails. False for nodes
-            that stop their own ranks when another node failed, as labutils launch's
-            nodes do through the run folder they share (run/nodes.py).
+        labutils_nodes: the nodes are `labutils launch` nodes that follow the run folder
+            they share (run/nodes.py): each stops its own ranks when another node
+            failed, so srun does not end them (no --kill-on-bad-exit: that would end
+            their keepers before they wrote how their ranks ended), and none reads input
+            (</dev/null: a rank's debugger would read the end of srun's and quit).
     """
     if not isinstance(script, str) or not script.endswith(".py"):
         raise InputError("script", expected="a Python file name ending in .py", given=script,
@@ -211,8 +213,9 @@ def sbatch_script(
     ]
     sbatch_lines = "".join(f"#SBATCH {d}\n" for d in directives)
     ends = ("--kill-on-bad-exit=1: a node that fails ends the others, no rank waits\n# forever."
-            if kill_on_bad_exit else "No --kill-on-bad-exit: each node stops its own ranks when\n"
-            "# another node's failed, and records how each ended (they share the run folder).\n#")
+            if not labutils_nodes else "No --kill-on-bad-exit: each node stops its own ranks when\n"
+            "# another node's failed, and records how each ended (they share the run folder).\n"
+            "# </dev/null: no node reads input (a rank's debugger would read its end and quit).\n#")
     return f"""\
 #!/bin/bash
 # {nnodes} node(s) x {nproc_per_node} rank(s) of {script}, written by labutils.cluster.slurm.
@@ -233,5 +236,5 @@ echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) $SLURM_JOB_NODELIST, rendezvous $
 # inherit it. {ends} --label: every output line starts with its node's index.
 # bash -c '...': $SLURM_NODEID and friends are expanded on each node, then exec lets
 # the command replace bash, so SLURM's signals reach it.
-{srun_command(node_command(node), gpus_per_node=gpus_per_node, kill_on_bad_exit=kill_on_bad_exit)}"""
+{srun_command(node_command(node), gpus_per_node=gpus_per_node, labutils_nodes=labutils_nodes)}"""
 

@@ -98,7 +98,7 @@ class SlurmBackend(Backend):
             str(self.spec.script), nnodes=self.spec.local_agents, nproc_per_node=self.spec.nproc,
             args=self.spec.args, job_name=opts.pop("job_name", self.spec.script.stem),
             output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=free_port(),
-            python=sys.executable, node_command=self.node_command, kill_on_bad_exit=False, **opts)
+            python=sys.executable, node_command=self.node_command, labutils_nodes=True, **opts)
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
         text = self.batch_script()
