@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 from replay import ReplayAgents
@@ -87,3 +88,41 @@ def test_a_restarted_ranks_first_lines_come_after_the_notes_of_its_restart(tmp_p
     assert said[:2] == ["[rank 0] step 0", "[rank 1] step 0"], said
     assert len(resumed) == 2 and attempt < restart < min(resumed), said
 
+
+
+class Debugged(Said):
+    def __init__(self) -> None:
+        super().__init__()
+        self.consoles: list[tuple[int, str]] = []
+
+    def debugger(self, rank: int, event: dict) -> None:
+        self.consoles.append((rank, event["state"]))
+
+
+def test_a_rank_at_a_breakpoint_on_another_machine_gets_a_note_not_a_console(tmp_path):
+    """Its debugger's socket is on its own machine: a console (or display="none"'s
+    "continue") from here would not reach it, and the pane once said the rank "ended
+    before its debugger opened" while it waited there."""
+    elsewhere = {**_start(1, 0, "h:1", 1.0), "host": "node-b"}
+    here = {**_start(0, 0, "h:1", 1.0), "host": os.uname().nodename}
+    waiting = {"kind": "debugger", "state": "waiting", "t": 2.0, "where": "endings.py:49",
+               "socket": str(tmp_path / "rank.sock")}
+    ended = [{"kind": "exit", "t": 4.0, "code": 0, "restart": 0}]
+    spec = make_spec(SCRIPT, 2)
+    display = Debugged()
+
+    class Phases(PhasedAgents):
+        def __init__(self, spec, run_dir: Path) -> None:
+            super().__init__(spec, run_dir)
+            self.phases = [{0: ([here], []), 1: ([elsewhere], [])},
+                           {0: ([{**waiting, "socket": str(tmp_path / "r0.sock")}], []),
+                            1: ([waiting], [])},
+                           {0: (ended, []), 1: (ended, [])}]
+
+    run = Run(spec, new_run_dir(spec.script, tmp_path), display,
+              backend=lambda spec, run_dir: Phases(spec, run_dir))
+    assert run.run().ok
+    assert display.consoles == [(0, "waiting")]  # this machine's rank only
+    assert any(line.startswith("rank 1 stopped at endings.py:49 on node-b; the other ranks wait. "
+                               "Debug it there: labutils debug ") and line.endswith(" --rank 1")
+               for line in display.said), display.said

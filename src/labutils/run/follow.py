@@ -383,7 +383,15 @@ class Run:
             self._agent_fault_fired(change[1])
         elif kind == "debugger":
             self.last_activity = time.monotonic()  # silence counts from the session's end
-            self.display.debugger(change[1], change[2])
+            rank, event, host = change[1], change[2], self.ranks[change[1]].host
+            if event.get("state") == "waiting" and host and host != os.uname().nodename:
+                # its socket is on that machine: no console or "continue" reaches it from here
+                self.display.note(
+                    f"rank {rank} stopped at {event.get('where', 'a breakpoint')} on {host}; the "
+                    f"other ranks wait. Debug it there: labutils debug "
+                    f"{runfiles.relative_path(self.state.run_dir)} --rank {rank}")
+                return
+            self.display.debugger(rank, event)
 
     def _close_attempt(self, attempt: Attempt, next_world_size: int) -> None:
         """The fold replaces an attempt: record and show how it ended."""
