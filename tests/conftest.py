@@ -170,7 +170,7 @@ LONGEST_FIRST = ("tests/grading/test_grading_labs.py", "tests/run/test_endings.p
                  "tests/grading/test_wrong_fixes.py", "lessons/10_current_stack.ipynb",
                  "tests/run/test_launcher.py", "tests/grading/test_wrong_fixes_second_half.py",
                  "tests/grading/test_grading_adversarial.py", "tests/run/test_multinode.py",
-                 "tests/e2e/test_jupyterlab.py", "tests/grading/test_grading_instructor.py")
+                 "tests/grading/test_grading_instructor.py")
 
 
 # The lessons whose notebooks run in the parallel pass: every checked output is a value,
