@@ -97,19 +97,28 @@ def _debug_parser(sub) -> None:
     p.add_argument("--rank", type=int, default=None, help="which rank (default: the one waiting)")
 
 
+def _not_waiting(run_folder: str, rank: int | None, waiting: dict[int, str]) -> str:
+    """Why `labutils debug RUN_FOLDER [--rank R]` has nothing to attach to ("" when it has)."""
+    if not os.path.isdir(run_folder):
+        return (f"{run_folder}: expected a run folder (runs/...), and there is no such folder; "
+                f"the current folder is {os.getcwd()}")
+    if rank is None and waiting or rank in waiting:
+        return ""
+    others = (f"; rank {', '.join(map(str, sorted(waiting)))} "
+              f"{'does' if len(waiting) == 1 else 'do'}: leave out --rank or pick one of them"
+              if waiting else "; expected a rank stopped at breakpoint()")
+    which = f"rank {rank} of {run_folder} does not" if rank is not None else f"no rank of {run_folder}"
+    return f"{which} wait{'s' if rank is None else ''} for a debugger now{others}"
+
+
 def _cmd_debug(ns: argparse.Namespace) -> int:
     from labutils.runtime.debugger import bridge_terminal, waiting_sockets
 
-    waiting = waiting_sockets(ns.run_folder)
-    if ns.rank is not None:
-        waiting = {r: s for r, s in waiting.items() if r == ns.rank}
-    if not waiting:
-        which = f"rank {ns.rank} of " if ns.rank is not None else "no rank of "
-        print(f"labutils debug: {which}{ns.run_folder} waits for a debugger"
-              f"{' now' if ns.rank is not None else ''}; expected a run folder with a rank "
-              "stopped at breakpoint()", file=sys.stderr)
+    message = _not_waiting(ns.run_folder, ns.rank, waiting := waiting_sockets(ns.run_folder))
+    if message:
+        print(f"labutils debug: {message}", file=sys.stderr)
         return EXIT_USAGE
-    rank, path = min(waiting.items())
+    rank, path = min((r, s) for r, s in waiting.items() if ns.rank in (None, r))
     print(f"[labutils] attached to rank {rank} (pdb: c continues, q ends the run)", flush=True)
     bridge_terminal(path)
     return 0

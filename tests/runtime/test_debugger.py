@@ -203,3 +203,32 @@ def test_a_rank_gone_before_its_console_connects_ends_nothing_but_its_session(tm
     event = {"state": "waiting", "socket": str(path), "where": "train.py:9"}
     Display().debugger(0, event)  # display="none": nothing to continue
     TextDisplay(limit=None).debugger(0, event)
+
+
+def test_debug_says_why_it_has_nothing_to_attach_to(tmp_path, capsys, monkeypatch):
+    """`labutils debug` without a rank to attach: one line that says what is there."""
+    from labutils.cli import main as cli
+    from labutils.runtime.runfiles import events_path
+
+    def said(*args: str) -> str:
+        assert cli(["debug", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    monkeypatch.chdir(tmp_path)
+    assert "runs/gone: expected a run folder (runs/...), and there is no such folder" in said("runs/gone")
+    run = tmp_path / "runs" / "a-run"
+    run.mkdir(parents=True)
+    assert said(str(run)) == (f"labutils debug: no rank of {run} waits for a debugger now; "
+                               "expected a rank stopped at breakpoint()\n")
+    # rank 0 waits at a breakpoint (its debugger's socket exists), rank 1 ended
+    socket_path = tmp_path / "rank0.sock"
+    socket_path.touch()
+    for rank, events in ((0, [{"kind": "debugger", "state": "waiting", "socket": str(socket_path)}]),
+                         (1, [{"kind": "exit", "code": 0}])):
+        events_path(run, rank).parent.mkdir(parents=True)
+        events_path(run, rank).write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert said(str(run), "--rank", "1") == (
+        f"labutils debug: rank 1 of {run} does not wait for a debugger now; rank 0 does: "
+        "leave out --rank or pick one of them\n")
