@@ -1,0 +1,208 @@
+"""Where a command's CPU goes by kind of process: warm servers, forked and cold ranks,
+torchrun agents, notebook kernels, the grader's processes, browsers, compilers.
+
+    .venv/bin/python benchmarks/suite_processes.py -- .venv/bin/python -m pytest -n 3 ...
+    .venv/bin/python benchmarks/suite_processes.py -- make test
+
+benchmarks/suite_timeline.py says which test files cost the most; this says which
+processes inside them do. The kernel's process accounting (acct(2), root only) writes
+one record for every process that ends: its pid, its parent, its CPU time and the name
+of its main thread. A thread of this script reads /proc every 20 ms and notes each new
+process's command line, so records are named by it; a process forked without exec keeps
+its parent's command line, and torchrun's agent names its main thread "pt_elastic",
+which the ranks it forks inherit. Only the command's own descendants count (accounting
+sees the whole machine); a process still alive when the command ends (a daemon) has no
+record and is not counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+# struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid,
+# btime (s since the epoch), etime (float, ticks), utime, stime, mem, io, rw, minflt,
+# majflt, swaps (comp_t), comm[16]
+RECORD = struct.Struct("<BBHIIIIIIf8H16s")
+TICKS = 100  # AHZ: the unit of comp_t times in a v3 record
+
+# (what the command line contains, or the thread name when it is a fork's, -> kind),
+# the first that matches; the order puts the specific before the general
+KINDS = (
+    ("torch.distributed.run", "torchrun agents started cold"),
+    ("labutils.runtime.agent", "torchrun agents started cold"),
+    ("comm:pt_elastic", "warm runs: torchrun agents and ranks forked from a warm server"),
+    ("labutils.runtime.server", "warm servers (torch and torch._dynamo imported) and their keepers"),
+    ("labutils.runtime.worker", "ranks started cold (each imports torch)"),
+    ("ipykernel_launcher", "notebook kernels"),
+    ("labutils.grading.runner", "the grader's check runners"),
+    ("labutils.grading.wrongfix", "the grader's check runners"),
+    ("labutils.grading.", "the grader's supervisors, sandboxes and papermill"),
+    ("sys.stdin.readline()", "pytest and its xdist workers"),
+    ("pytest", "pytest and its xdist workers"),
+    ("jupyter", "JupyterLab servers"),
+    ("comm:chrom", "Chromium"),
+    ("comm:headless", "Chromium"),
+    ("comm:cc1plus", "the C++ compiler (inductor's kernels)"),
+    ("comm:ld", "the C++ compiler (inductor's kernels)"),
+    ("comm:as", "the C++ compiler (inductor's kernels)"),
+    ("comm:slurm", "SLURM"),
+    ("comm:munged", "SLURM"),
+    ("comm:srun", "SLURM"),
+    ("comm:sbatch", "SLURM"),
+    ("labutils.cli", "labutils commands (launch, nodes, grade ...)"),
+    ("comm:labutils", "labutils commands (launch, nodes, grade ...)"),
+    ("comm:python", "other Python processes"),
+)
+
+
+def comp_t(value: int) -> int:
+    """A comp_t: 13 bits of mantissa, 3 of base-8 exponent."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+def records(data: bytes) -> list[dict]:
+    """The v3 records of a process accounting file."""
+    out = []
+    for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):
+        f = RECORD.unpack_from(data, offset)
+        if f[1] & 0x7F != 3:
+            raise ValueError(f"record {offset // RECORD.size}: version {f[1] & 0x7F}, expected 3")
+        out.append({"pid": f[6], "ppid": f[7], "btime": f[8],
+                    "cpu_s": (comp_t(f[10]) + comp_t(f[11])) / TICKS,
+                    "comm": f[18].split(b"\0", 1)[0].decode(errors="replace")})
+    return out
+
+
+def kind(command: str, comm: str) -> str:
+    """The kind of a process, from its command line (may be "") and thread name."""
+    for pattern, name in KINDS:
+        if pattern.startswith("comm:"):
+            if comm.startswith(pattern[5:]) and (pattern != "comm:as" or comm == "as") \
+                    and (pattern != "comm:ld" or comm == "ld"):
+                return name
+        elif pattern in command:
+            return name
+    return f"other: {comm}"
+
+
+class Names:
+    """The processes that start while it runs: (pid, start) -> (command line, parent)."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval, self.seen = interval, {}
+        self.done = threading.Event()
+        boot = next(line for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        self.boot, self.hz = int(boot.split()[1]), os.sysconf("SC_CLK_TCK")
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        known: dict[str, tuple[tuple[int, float], float]] = {}  # pid -> (key, start)
+        while not self.done.is_set():
+            now, listed = time.time(), os.listdir("/proc")
+            for pid in listed:
+                if not pid.isdigit() or (pid in known and now - known[pid][1] >= 1.0):
+                    continue  # an old process, named already: no reads
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+                    start = self.boot + int(stat[19]) / self.hz
+                    key = (int(pid), round(start, 2))
+                    # read again while young: a fork is seen before its exec now and then
+                    line = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    parent = self.seen[key][1] if key in self.seen else int(stat[1])
+                    self.seen[key] = (line.replace(b"\0", b" ").decode(errors="replace").strip(),
+                                      parent)
+                    known[pid] = (key, start)
+                except (OSError, IndexError, ValueError):
+                    continue
+            if len(known) > 2 * len(listed):  # forget the ended ones now and then
+                alive = set(listed)
+                known = {pid: v for pid, v in known.items() if pid in alive}
+            self.done.wait(self.interval)
+
+    def find(self, pid: int, btime: int) -> tuple[str, int | None]:
+        """(command line, parent when first seen) of pid, started at btime (whole
+        seconds since the epoch); ("", None) if it was never seen."""
+        found = [(abs(start - btime), seen) for (p, start), seen in self.seen.items()
+                 if p == pid and abs(start - btime) <= 1.5]
+        return min(found)[1] if found else ("", None)
+
+
+def descendants(rows: list[dict], root: int) -> list[dict]:
+    """The records of root and of the processes under it: by the parent a record names,
+    or the one the process had when first seen (an orphan's record names init)."""
+    parents: dict[int, set[int]] = {}
+    for r in rows:
+        parents.setdefault(r["pid"], set()).update(p for p in (r["ppid"], r["parent"]) if p)
+    memo: dict[int, bool] = {root: True}
+
+    def under(pid: int, depth: int = 0) -> bool:
+        if pid not in memo:
+            memo[pid] = False  # a loop (a reused pid) ends here
+            memo[pid] = depth < 64 and any(under(p, depth + 1) for p in parents.get(pid, ()))
+        return memo[pid]
+
+    return [r for r in rows if under(r["pid"])]
+
+
+def report(rows: list[dict], wall_s: float) -> str:
+    cpu, count = Counter(), Counter()
+    for r in rows:
+        cpu[r["kind"]] += r["cpu_s"]
+        count[r["kind"]] += 1
+    total = sum(cpu.values())
+    lines = [f"{'CPU s':>8s} {'share':>6s} {'processes':>9s}  kind"]
+    for name, seconds in cpu.most_common():
+        if seconds >= 0.05:
+            lines.append(f"{seconds:8.1f} {seconds / max(total, 1e-9):6.1%} {count[name]:9d}  {name}")
+    lines.append(f"{total:.0f} CPU-s in {wall_s:.0f} s ({total / max(wall_s, 1e-9):.2f} cores on "
+                 f"average), {len(rows)} processes ended")
+    return "\n".join(lines)
+
+
+def measure(command: list[str]) -> tuple[int, str]:
+    """Run command under process accounting; (its exit status, the report)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with tempfile.TemporaryDirectory(prefix="suite-processes-") as tmp:
+        path = Path(tmp) / "pacct"
+        path.touch()
+        if libc.acct(str(path).encode()) != 0:
+            err = ctypes.get_errno()
+            raise SystemExit(f"suite_processes.py: process accounting (acct(2)) refused: "
+                             f"{os.strerror(err)}; run it as root")
+        names = Names()
+        names.thread.start()
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(command)
+            status = proc.wait()
+        finally:
+            wall = time.monotonic() - t0
+            libc.acct(None)
+            names.done.set()
+            names.thread.join()
+        rows = records(path.read_bytes())
+    for r in rows:
+        line, r["parent"] = names.find(r["pid"], r["btime"])
+        r["kind"] = kind(line, r["comm"])
+    return status, report(descendants(rows, proc.pid), wall)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.exit("usage: suite_processes.py -- COMMAND [ARGS...] (as root)")
+    code, text = measure(args)
+    print(text)
+    sys.exit(code)

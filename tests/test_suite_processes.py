@@ -1,0 +1,70 @@
+"""benchmarks/suite_processes.py: a command's CPU by kind of process, from the kernel's
+process accounting, counting the command's own descendants only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import suite_processes as sp
+
+
+def test_comp_t_times_and_v3_records_are_read():
+    assert (sp.comp_t(0x1FFF), sp.comp_t((1 << 13) | 5), sp.comp_t((2 << 13) | 3)) == (8191, 40, 192)
+    one = sp.RECORD.pack(0, 3, 0, 0, 0, 0, 41, 7, 1_700_000_000, 250.0,
+                         150, (1 << 13) | 5, 0, 0, 0, 0, 0, 0, b"pt_elastic")
+    rows = sp.records(one + one.replace(b"pt_elastic", b"python\0\0\0\0"))
+    assert rows[0] == {"pid": 41, "ppid": 7, "btime": 1_700_000_000, "cpu_s": 1.9, "comm": "pt_elastic"}
+    assert rows[1]["comm"] == "python"
+    with pytest.raises(ValueError, match="version 2, expected 3"):
+        sp.records(one[:1] + bytes([2]) + one[2:])
+
+
+def test_each_process_gets_its_kind_from_its_command_line_or_thread_name():
+    py = "/venv/bin/python"
+    cases = {
+        (f"{py} -u -m labutils.runtime.server 5", "python"): "warm servers",
+        (f"{py} -u -m labutils.runtime.server 5", "pt_elastic"): "warm runs",  # a fork of it
+        (f"{py} -m labutils.runtime.agent --nnodes 1", "pt_elastic"): "torchrun agents started cold",
+        (f"{py} -u -m labutils.runtime.worker train.py", "python"): "ranks started cold",
+        (f"{py} -m ipykernel_launcher -f k.json", "python"): "notebook kernels",
+        (f"{py} -m labutils.grading.runner --checks c", "python"): "the grader's check runners",
+        (f"{py} -m labutils.grading.sandbox {{}}", "python"): "the grader's supervisors",
+        ("", "cc1plus"): "the C++ compiler",
+        ("", "ld"): "the C++ compiler",
+        ("", "ldconfig"): "other: ldconfig",
+        ("", "python"): "other Python processes",
+    }
+    for (line, comm), expected in cases.items():
+        assert sp.kind(line, comm).startswith(expected), (line, comm, sp.kind(line, comm))
+
+
+def test_only_the_commands_descendants_count_orphans_included():
+    rows = [{"pid": 10, "ppid": 1, "parent": 2},    # the command (its shell's child)
+            {"pid": 11, "ppid": 10, "parent": 10},  # its child
+            {"pid": 12, "ppid": 1, "parent": 11},   # an orphan of 11: init adopted it
+            {"pid": 13, "ppid": 12, "parent": None},  # never seen by the sampler
+            {"pid": 20, "ppid": 1, "parent": 3}]    # another process of the machine
+    assert [r["pid"] for r in sp.descendants(rows, 10)] == [10, 11, 12, 13]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="process accounting (acct(2)) needs root")
+def test_a_commands_child_is_counted_and_a_neighbour_is_not(tmp_path):
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass"
+    neighbour = subprocess.Popen([sys.executable, "-c", burn.format(3.0)])
+    try:
+        time.sleep(0.2)
+        code, text = sp.measure(["sh", "-c", f'"{sys.executable}" -c "{burn.format(0.6)}"; exit 3'])
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert code == 3
+    python = next(line for line in text.splitlines() if line.endswith("other Python processes"))
+    assert 0.5 <= float(python.split()[0]) < 1.5, text   # the child's 0.6 s, not the neighbour's
+    assert python.split()[2] == "1", text
