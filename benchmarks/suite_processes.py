@@ -169,8 +169,17 @@ def report(rows: list[dict], wall_s: float) -> str:
     return "\n".join(lines)
 
 
+# Set in the measured command's environment: the machine has one accounting file, and a
+# measure inside another (this script's own test, in the suite it measures) would take
+# it over and then turn accounting off for both.
+ACTIVE = "SUITE_PROCESSES_ACTIVE"
+
+
 def measure(command: list[str]) -> tuple[int, str]:
     """Run command under process accounting; (its exit status, the report)."""
+    if os.environ.get(ACTIVE):
+        raise SystemExit(f"suite_processes.py: a measure is running already ({ACTIVE} is set): "
+                         "the machine has one accounting file; measure once, from outside")
     libc = ctypes.CDLL(None, use_errno=True)
     with tempfile.TemporaryDirectory(prefix="suite-processes-") as tmp:
         path = Path(tmp) / "pacct"
@@ -183,7 +192,7 @@ def measure(command: list[str]) -> tuple[int, str]:
         names.thread.start()
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(command)
+            proc = subprocess.Popen(command, env={**os.environ, ACTIVE: "1"})
             status = proc.wait()
         finally:
             wall = time.monotonic() - t0
