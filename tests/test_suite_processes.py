@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import REPO
@@ -57,7 +58,7 @@ def test_only_the_commands_descendants_count_orphans_included():
 def _may_account() -> bool:
     """CAP_SYS_PACCT in this process's effective set: acct(2) needs it (root has it,
     unless a container dropped it)."""
-    for line in open("/proc/self/status"):
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("CapEff:"):
             return bool(int(line.split()[1], 16) >> 20 & 1)
     return False
