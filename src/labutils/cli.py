@@ -104,17 +104,22 @@ def _not_waiting(run_folder: str, rank: int | None, waiting: dict[int, str]) -> 
                 f"the current folder is {os.getcwd()}")
     if rank is None and waiting or rank in waiting:
         return ""
-    others = (f"; rank {', '.join(map(str, sorted(waiting)))} "
-              f"{'does' if len(waiting) == 1 else 'do'}: leave out --rank or pick one of them"
-              if waiting else "; expected a rank stopped at breakpoint()")
-    which = f"rank {rank} of {run_folder} does not" if rank is not None else f"no rank of {run_folder}"
-    return f"{which} wait{'s' if rank is None else ''} for a debugger now{others}"
+    if rank is None:
+        head = f"no rank of {run_folder} waits for a debugger now"
+    else:
+        head = f"rank {rank} of {run_folder} does not wait for a debugger now"
+    if not waiting:
+        return f"{head}; expected a rank stopped at breakpoint()"
+    ranks = ", ".join(map(str, sorted(waiting)))
+    return (f"{head}; rank {ranks} {'does' if len(waiting) == 1 else 'do'}: leave out --rank "
+            "or pick one of them")
 
 
 def _cmd_debug(ns: argparse.Namespace) -> int:
     from labutils.runtime.debugger import bridge_terminal, waiting_sockets
 
-    message = _not_waiting(ns.run_folder, ns.rank, waiting := waiting_sockets(ns.run_folder))
+    waiting = waiting_sockets(ns.run_folder)
+    message = _not_waiting(ns.run_folder, ns.rank, waiting)
     if message:
         print(f"labutils debug: {message}", file=sys.stderr)
         return EXIT_USAGE
