@@ -18,6 +18,7 @@ record and is not counted.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import struct
 import subprocess
@@ -34,8 +35,8 @@ from pathlib import Path
 RECORD = struct.Struct("<BBHIIIIIIf8H16s")
 TICKS = 100  # AHZ: the unit of comp_t times in a v3 record
 
-# (what the command line contains, or the thread name when it is a fork's, -> kind),
-# the first that matches; the order puts the specific before the general
+# (what the command line contains, or "comm:" and the thread name, a trailing * for any
+# that starts so, -> kind): the first that matches; the specific before the general
 KINDS = (
     ("torch.distributed.run", "torchrun agents started cold"),
     ("labutils.runtime.agent", "torchrun agents started cold"),
@@ -49,18 +50,18 @@ KINDS = (
     ("sys.stdin.readline()", "pytest and its xdist workers"),
     ("pytest", "pytest and its xdist workers"),
     ("jupyter", "JupyterLab servers"),
-    ("comm:chrom", "Chromium"),
-    ("comm:headless", "Chromium"),
+    ("comm:chrom*", "Chromium"),
+    ("comm:headless*", "Chromium"),
     ("comm:cc1plus", "the C++ compiler (inductor's kernels)"),
     ("comm:ld", "the C++ compiler (inductor's kernels)"),
     ("comm:as", "the C++ compiler (inductor's kernels)"),
-    ("comm:slurm", "SLURM"),
+    ("comm:slurm*", "SLURM"),
     ("comm:munged", "SLURM"),
     ("comm:srun", "SLURM"),
     ("comm:sbatch", "SLURM"),
     ("labutils.cli", "labutils commands (launch, nodes, grade ...)"),
     ("comm:labutils", "labutils commands (launch, nodes, grade ...)"),
-    ("comm:python", "other Python processes"),
+    ("comm:python*", "other Python processes"),
 )
 
 
@@ -85,11 +86,10 @@ def records(data: bytes) -> list[dict]:
 def kind(command: str, comm: str) -> str:
     """The kind of a process, from its command line (may be "") and thread name."""
     for pattern, name in KINDS:
-        if pattern.startswith("comm:"):
-            if comm.startswith(pattern[5:]) and (pattern != "comm:as" or comm == "as") \
-                    and (pattern != "comm:ld" or comm == "ld"):
+        if not pattern.startswith("comm:"):
+            if pattern in command:
                 return name
-        elif pattern in command:
+        elif comm == pattern[5:] or pattern.endswith("*") and comm.startswith(pattern[5:-1]):
             return name
     return f"other: {comm}"
 
@@ -169,17 +169,25 @@ def report(rows: list[dict], wall_s: float) -> str:
     return "\n".join(lines)
 
 
-# Set in the measured command's environment: the machine has one accounting file, and a
-# measure inside another (this script's own test, in the suite it measures) would take
-# it over and then turn accounting off for both.
-ACTIVE = "SUITE_PROCESSES_ACTIVE"
+# Held while a measure runs: the machine has one accounting file, and a second measure
+# (this script's own test, in a suite being measured, or another suite beside it) would
+# take it over and then turn accounting off for both.
+LOCK = Path("/tmp/suite_processes.lock")
+RUNNING = "a measure is running already on this machine"
 
 
 def measure(command: list[str]) -> tuple[int, str]:
     """Run command under process accounting; (its exit status, the report)."""
-    if os.environ.get(ACTIVE):
-        raise SystemExit(f"suite_processes.py: a measure is running already ({ACTIVE} is set): "
-                         "the machine has one accounting file; measure once, from outside")
+    with open(LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"suite_processes.py: {RUNNING} (the kernel keeps one accounting "
+                             "file): measure once, from outside") from None
+        return _measure(command)
+
+
+def _measure(command: list[str]) -> tuple[int, str]:
     libc = ctypes.CDLL(None, use_errno=True)
     with tempfile.TemporaryDirectory(prefix="suite-processes-") as tmp:
         path = Path(tmp) / "pacct"
@@ -192,7 +200,7 @@ def measure(command: list[str]) -> tuple[int, str]:
         names.thread.start()
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(command, env={**os.environ, ACTIVE: "1"})
+            proc = subprocess.Popen(command)
             status = proc.wait()
         finally:
             wall = time.monotonic() - t0
