@@ -106,11 +106,11 @@ class Names:
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
-        known: dict[str, tuple[tuple[int, float], float]] = {}  # pid -> (key, start)
+        known: dict[str, float] = {}  # pid -> when it started
         while not self.done.is_set():
             now, listed = time.time(), os.listdir("/proc")
             for pid in listed:
-                if not pid.isdigit() or (pid in known and now - known[pid][1] >= 1.0):
+                if not pid.isdigit() or (pid in known and now - known[pid] >= 1.0):
                     continue  # an old process, named already: no reads
                 try:
                     stat = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
@@ -121,7 +121,7 @@ class Names:
                     parent = self.seen[key][1] if key in self.seen else int(stat[1])
                     self.seen[key] = (line.replace(b"\0", b" ").decode(errors="replace").strip(),
                                       parent)
-                    known[pid] = (key, start)
+                    known[pid] = start
                 except (OSError, IndexError, ValueError):
                     continue
             if len(known) > 2 * len(listed):  # forget the ended ones now and then
@@ -129,12 +129,19 @@ class Names:
                 known = {pid: v for pid, v in known.items() if pid in alive}
             self.done.wait(self.interval)
 
-    def find(self, pid: int, btime: int) -> tuple[str, int | None]:
-        """(command line, parent when first seen) of pid, started at btime (whole
-        seconds since the epoch); ("", None) if it was never seen."""
-        found = [(abs(start - btime), seen) for (p, start), seen in self.seen.items()
-                 if p == pid and abs(start - btime) <= 1.5]
-        return min(found)[1] if found else ("", None)
+    def finder(self):
+        """find(pid, btime): (command line, parent when first seen) of the process pid
+        that started at btime (whole seconds since the epoch); ("", None) if never seen."""
+        by_pid: dict[int, list[tuple[float, tuple[str, int]]]] = {}
+        for (pid, start), seen in self.seen.items():
+            by_pid.setdefault(pid, []).append((start, seen))
+
+        def find(pid: int, btime: int) -> tuple[str, int | None]:
+            found = [(abs(start - btime), seen) for start, seen in by_pid.get(pid, ())
+                     if abs(start - btime) <= 1.5]
+            return min(found)[1] if found else ("", None)
+
+        return find
 
 
 def descendants(rows: list[dict], root: int) -> list[dict]:
@@ -208,8 +215,9 @@ def _measure(command: list[str]) -> tuple[int, str]:
             names.done.set()
             names.thread.join()
         rows = records(path.read_bytes())
+    find = names.finder()
     for r in rows:
-        line, r["parent"] = names.find(r["pid"], r["btime"])
+        line, r["parent"] = find(r["pid"], r["btime"])
         r["kind"] = kind(line, r["comm"])
     return status, report(descendants(rows, proc.pid), wall)
 
