@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     opts = parser.parse_args(argv)
 
-    from IPython.core.interactiveshell import InteractiveShell
-
     import ipyparallel as ipp
+    from IPython.core.interactiveshell import InteractiveShell
 
     os.environ["LABUTILS_RUNS_DIR"] = tempfile.mkdtemp(prefix="bench-cells-")
     os.environ["LABUTILS_DISPLAY"] = "text"

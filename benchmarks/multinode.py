@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from labutils.runtime.procs import free_port
 from labutils.cluster import virtual_cluster
+from labutils.runtime.procs import free_port
 
 JOB = """\
 import torch

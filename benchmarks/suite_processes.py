@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -222,12 +223,29 @@ def _measure(command: list[str]) -> tuple[int, str]:
     return status, report(descendants(rows, proc.pid), wall)
 
 
+USAGE = "usage: suite_processes.py -- COMMAND [ARGS...] (as root)"
+
+
+def command_of(argv: list[str]) -> list[str]:
+    """The command to measure, from this script's arguments; SystemExit with a one-line
+    message for none, for options of this script's own (it has none but -h), and for a
+    command that is not there, before accounting starts."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n")[0])
+        raise SystemExit(0)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    elif argv[:1] and argv[0].startswith("-"):
+        raise SystemExit(f"suite_processes.py: unknown option {argv[0]}; {USAGE}")
+    if not argv:
+        raise SystemExit(USAGE)
+    if shutil.which(argv[0]) is None:
+        raise SystemExit(f"suite_processes.py: {argv[0]}: no such command (expected a program "
+                         "on PATH or a path to an executable file, after --)")
+    return argv
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
-        sys.exit("usage: suite_processes.py -- COMMAND [ARGS...] (as root)")
-    code, text = measure(args)
+    code, text = measure(command_of(sys.argv[1:]))
     print(text)
     sys.exit(code)

@@ -131,8 +131,21 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
+USAGE = "usage: suite_timeline.py TIMELINE.jsonl (written with SUITE_TIMELINE=... pytest -p suite_timeline)"
+
+
+def main(argv: list[str]) -> str:
+    """The report of the one file named in argv; SystemExit with one line otherwise."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE + "\n\n" + (__doc__ or "").split("\n\n")[0])
+        raise SystemExit(0)
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise SystemExit(USAGE)
+    if not Path(argv[0]).is_file():
+        raise SystemExit(f"suite_timeline.py: {argv[0]}: no such file (expected the JSON lines a "
+                         "suite run with SUITE_TIMELINE=FILE and -p suite_timeline wrote)")
+    return report(argv[0])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: suite_timeline.py TIMELINE.jsonl (written with SUITE_TIMELINE=... "
-                 "pytest -p suite_timeline)")
-    print(report(sys.argv[1]))
+    print(main(sys.argv[1:]))

@@ -95,3 +95,18 @@ def test_a_second_measure_refuses_while_one_runs():
             pass  # a measure runs on this machine now: it holds the lock for us
         with pytest.raises(SystemExit, match=sp.RUNNING):
             sp.measure(["true"])
+
+
+def test_bad_arguments_get_one_line_before_anything_is_measured(capsys):
+    """--help printed a traceback (it was taken for the command to run): now usage, and
+    one line for an unknown option, no command, or a command that is not there."""
+    with pytest.raises(SystemExit) as done:
+        sp.command_of(["--help"])
+    assert done.value.code == 0 and "usage: suite_processes.py -- COMMAND" in capsys.readouterr().out
+    for argv, said in ((["--cores", "2"], "unknown option --cores"), ([], "usage:"), (["--"], "usage:"),
+                       (["--", "no-such-program-here"], "no-such-program-here: no such command")):
+        with pytest.raises(SystemExit, match=said) as done:
+            sp.command_of(argv)
+        assert "\n" not in str(done.value.code)
+    assert sp.command_of(["--", "make", "test"]) == ["make", "test"]
+    assert sp.command_of(["true"]) == ["true"]

@@ -13,7 +13,7 @@ import pytest
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import suite_timeline  # noqa: E402
+import suite_timeline
 
 
 def test_the_report_sums_each_file_and_says_how_many_cores_it_kept_busy(tmp_path):
@@ -61,3 +61,16 @@ def test_a_tests_cpu_counts_the_processes_it_started(tmp_path):
     assert rows["test_burn"]["worker"] == "gw0"
     assert 0.9 <= rows["test_burn"]["cpu_s"] < 3.0, rows["test_burn"]
     assert rows["test_sleep"]["cpu_s"] < 0.3 and rows["test_sleep"]["end"] - rows["test_sleep"]["start"] >= 0.5
+
+
+def test_bad_arguments_get_one_line(tmp_path, capsys):
+    """--help and a file that is not there gave a traceback: now usage, or one line."""
+    with pytest.raises(SystemExit) as done:
+        suite_timeline.main(["--help"])
+    assert done.value.code == 0 and "usage: suite_timeline.py" in capsys.readouterr().out
+    for argv, said in (([], "usage:"), (["a", "b"], "usage:"), (["--cores"], "usage:"),
+                       ([str(tmp_path / "gone.jsonl")], "gone.jsonl: no such file")):
+        with pytest.raises(SystemExit, match=said):
+            suite_timeline.main(argv)
+    (tmp_path / "t.jsonl").write_text("")
+    assert suite_timeline.main([str(tmp_path / "t.jsonl")]) == "no tests noted"
