@@ -13,6 +13,8 @@ a fixed time: the tests run on busy 2-core machines.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -42,6 +44,69 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false", "checkForUpdates": False},
 }
+
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _enter(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns: could not enter a network namespace")
+
+
+def network_of(pid: int | str = "thread-self") -> int:
+    """The inode of a process's network namespace (the calling thread's by default)."""
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+@dataclass
+class Network:
+    """own_network()'s namespace: private is False where none could be made."""
+
+    private: bool
+    outer: int  # an fd of the namespace the thread was in
+
+    @contextlib.contextmanager
+    def outside(self):
+        """This thread back in the outer namespace for a while (to make a virtual
+        cluster's interfaces where other tests make theirs)."""
+        inner = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            _enter(self.outer)
+            try:
+                yield
+            finally:
+                _enter(inner)
+        finally:
+            os.close(inner)
+
+
+@contextlib.contextmanager
+def own_network():
+    """This thread, and every process it starts meanwhile (JupyterLab, its kernels and
+    their runs, Playwright's driver and Chromium), in a network namespace of its own with
+    only a loopback interface; back in the one it was in at the end.
+
+    Chromium ends the requests it has in flight with ERR_NETWORK_CHANGED whenever an
+    address of its namespace comes or goes, as host 0 of every virtual cluster does in
+    its caller's namespace (test_multinode.py and test_cluster.py, beside this file in
+    the parallel pass: a page waited 120 s for its stylesheet, twice in about 12 runs).
+    In a namespace of its own no other test's interface is seen. Without the privilege
+    to make one (not root) the tests run in the caller's: no virtual cluster can be made
+    beside them then either, as that needs root too."""
+    outer = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            yield Network(private=False, outer=outer)
+            return
+        try:
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+            yield Network(private=True, outer=outer)
+        finally:
+            _enter(outer)
+    finally:
+        os.close(outer)
 
 
 def wait_for(condition, *, timeout: float, what: str, interval: float = 0.2):
@@ -211,7 +276,7 @@ class NotebookPage:
         self.failed_requests: list[str] = []  # said when the page never gets ready
         page.on("requestfailed", lambda r: self.failed_requests.append(f"{r.url}: {r.failure}"))
 
-    def open(self) -> "NotebookPage":
+    def open(self) -> NotebookPage:
         self.page.goto(self.lab.notebook_url(self.notebook), timeout=120_000)
         self.page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
         self.wait_kernel_idle(timeout=120)

@@ -14,21 +14,33 @@ with a message saying how to install it.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import nbformat
 import pytest
+from labdriver import (
+    NotebookPage,
+    RunView,
+    network_of,
+    open_browser,
+    own_network,
+    start_lab,
+    stop_lab,
+    wait_for,
+)
 
-from labdriver import NotebookPage, RunView, open_browser, start_lab, stop_lab, wait_for
+from labutils.cluster import netns
 from labutils.runtime.procs import pid_alive
 
-# Serial: Chromium ends the requests it has in flight with ERR_NETWORK_CHANGED whenever
-# an interface of its network namespace comes or goes, as each virtual cluster's links
-# do (test_multinode.py and test_cluster.py ran beside this file in the parallel pass; a
-# page then waited 120 s for its stylesheet, twice in about 12 runs).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# In the parallel pass: the server, its kernels and the browser run in a network
+# namespace of their own (labdriver.own_network), where no virtual cluster's links come
+# or go beside them.
+pytestmark = [pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -78,7 +90,15 @@ def script_line(text: str) -> int:
 
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def network():
+    """The module's own network namespace: started before the server and the browser,
+    left after both are gone."""
+    with own_network() as private:
+        yield private
+
+
+@pytest.fixture(scope="module")
+def lab(network, tmp_path_factory):
     """A JupyterLab server whose folder holds the course index, lesson 00, runs.ipynb and
     scripts/."""
     root = tmp_path_factory.mktemp("lab-root")
@@ -103,7 +123,7 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(network):
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -151,6 +171,39 @@ def _on_failure_screenshot(page, request) -> None:
 
 
 # --------------------------------------------------------------------- tests
+def _links() -> set[str]:
+    """The interfaces of this thread's network namespace."""
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=True)
+    return {link["ifname"] for link in json.loads(out.stdout)}
+
+
+@pytest.mark.timeout(120)
+def test_the_server_and_the_browser_see_no_other_tests_links(network, lab, browser):
+    """Chromium cut a page's requests (ERR_NETWORK_CHANGED) when a virtual cluster made
+    its links beside this file: the server, its kernels and Chromium now live in a network
+    namespace of their own, where another test's virtual cluster is not seen."""
+    if not network.private:
+        pytest.skip("not root: no network namespace of its own (nor a virtual cluster beside)")
+    import psutil
+
+    outer = os.fstat(network.outer).st_ino
+    chromium = [p for p in psutil.Process().children(recursive=True) if "chrom" in p.name()]
+    assert chromium, "Chromium's processes, started by this test's Playwright"
+    assert {network_of(p.pid) for p in [psutil.Process(lab.proc.pid), *chromium]} == {network_of()}
+    assert network_of() != outer and _links() == {"lo"}
+    # a virtual cluster made where the other tests make theirs: host 0's interface is
+    # there, in the namespace this file started in, and not here
+    switch, hosts, interfaces = netns.host_names(2)
+    try:
+        with network.outside():
+            netns.build_hosts(switch=switch, namespaces=hosts, interfaces=interfaces)
+            outside = _links()
+        assert interfaces[0] in outside and interfaces[0] not in _links()
+    finally:
+        with network.outside():
+            netns.delete_hosts(switch, hosts)
+    assert _links() == {"lo"}
+
 @pytest.mark.timeout(300)
 def test_course_index_renders_and_its_links_open_the_lessons(browser, lab, request):
     context, page = _new_page(browser)
