@@ -93,8 +93,8 @@ def script_line(text: str) -> int:
 def network():
     """The module's own network namespace: started before the server and the browser,
     left after both are gone."""
-    with own_network() as private:
-        yield private
+    with own_network() as net:
+        yield net
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +203,7 @@ def test_the_server_and_the_browser_see_no_other_tests_links(network, lab, brows
         with network.outside():
             netns.delete_hosts(switch, hosts)
     assert _links() == {"lo"}
+
 
 @pytest.mark.timeout(300)
 def test_course_index_renders_and_its_links_open_the_lessons(browser, lab, request):
