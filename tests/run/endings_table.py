@@ -26,6 +26,9 @@ ENDINGS = {
     "init_error": ("exception", "AssertionError", 1, True, "Unknown backend type"),
     "syntax_error": ("exception", "SyntaxError", 1, True, "was never closed"),
     "dataloader_worker_killed": ("exception", "RuntimeError", 1, True, ""),
+    # the summary names the line in the Dataset, where the worker raised, and its message
+    "dataloader_worker_error": ("exception", "KeyError", 1, True,
+                                "'item 2 is missing' (in DataLoader worker process 0)"),
     "breakpoint_peer": ("exception", "ValueError", 1, True, "the batch is empty"),
     "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "timeout_one_side": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),

@@ -310,3 +310,17 @@ def test_the_summary_words_each_ending_as_it_happened(kind, exc_type, said):
                      failure=failure, reason="failed").summary()
     assert f"root cause: {said}: m" in text
     assert ("unknown location" in text) is (kind != "torchrun")
+
+
+def test_an_exception_without_a_message_is_named_alone():
+    """`raise KeyboardInterrupt` has no message: the summary and the attempt say its name,
+    as Python's traceback does, with nothing after it."""
+    from labutils.run.outcome import attempt_entry
+    from labutils.run.result import RunResult
+
+    failure = Failure(rank=1, exc_type="KeyboardInterrupt", message="", file="train.py", line=3,
+                      traceback="", kind="exception")
+    text = RunResult(ok=False, world_size=2, duration_s=1.0, log_dir="runs/x", ranks=[],
+                     failure=failure, reason="failed").summary()
+    assert "root cause: rank 1 raised KeyboardInterrupt\n" in text
+    assert attempt_entry(0, failure, {})["why"] == "KeyboardInterrupt"

@@ -33,6 +33,13 @@ class KilledWorkerData(torch.utils.data.Dataset):
         return torch.tensor([float(i)])
 
 
+class FailingWorkerData(KilledWorkerData):
+    def __getitem__(self, i):
+        if i == 2:
+            raise KeyError(f"item {i} is missing")  # ending: dataloader_worker_error
+        return torch.tensor([float(i)])
+
+
 def fail_in_a_thread():
     raise RuntimeError("the loader thread failed")
 
@@ -72,6 +79,8 @@ if rank == failing:
         sys.exit(0)  # ending: return_early
     if how == "dataloader_worker_killed":
         list(torch.utils.data.DataLoader(KilledWorkerData(), num_workers=1))  # ending: dataloader_worker_killed
+    if how == "dataloader_worker_error":  # the worker raises; the rank re-raises it
+        list(torch.utils.data.DataLoader(FailingWorkerData(), num_workers=1))
     if how == "stuck":
         while True:
             time.sleep(0.2)  # ending: stuck

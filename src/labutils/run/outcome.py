@@ -183,7 +183,8 @@ def attempt_entry(attempt: int, failure, codes: dict, final: str | None = None) 
     return {
         "attempt": attempt,
         "failed_rank": failure.rank if failure else None,
-        "why": f"{failure.exc_type}: {failure.message}" if failure else None,
+        "why": (f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type)
+        if failure else None,
         "exit_codes": {str(k): v for k, v in codes.items()},
         "outcome": final if final is not None else "restarted",
     }

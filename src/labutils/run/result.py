@@ -184,7 +184,7 @@ class RunResult:
             message = f.message
             if traceback_shown and "\n" in message.strip():
                 message = message.strip().split("\n", 1)[0] + " [...]"
-            lines.append(f"root cause: {f.ended_how()}: {message}")
+            lines.append(f"root cause: {f.ended_how()}" + (f": {message}" if message else ""))
             if f.kind != "torchrun":  # the agent failed: no rank, no line of the script
                 lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
             if len(f.also_failed) == 1:

@@ -7,7 +7,9 @@ to find the line a hung or failed rank was on; both read the same file names.
 from __future__ import annotations
 
 import os
+import re
 import sys
+from dataclasses import dataclass
 
 _RUNTIME = os.path.dirname(os.path.abspath(__file__))
 # The loop a persistent world's ranks run the notebook's cells in (labutils/cells.py).
@@ -41,3 +43,50 @@ def script_depth(files: list[str]) -> int:
     while depth and is_bootstrap(files[depth - 1]):
         depth -= 1
     return depth
+
+
+# torch re-raises, in the process that waited, an exception a DataLoader worker process
+# (or a DataParallel replica's thread) caught, its traceback text in the new message:
+# "Caught KeyError in DataLoader worker process 0.\nOriginal Traceback (most recent
+# call last):\n  File ...\nKeyError: 'item 3'" (torch/_utils.py, ExceptionWrapper).
+_CAUGHT = re.compile(r"Caught (?P<type>[\w.]+) (?P<where>in [^\n]+?)\.\n"
+                     r"Original (?P<tb>Traceback \(most recent call last\):\n.*)", re.S)
+_FRAME = re.compile(r'  File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
+
+
+@dataclass(frozen=True)
+class Caught:
+    """An exception raised in another process or thread, as torch re-raised it."""
+
+    exc_type: str
+    message: str  # the original exception's own message
+    where: str  # "in DataLoader worker process 0"
+    frames: tuple[tuple[str, int, str], ...]  # (file, line, source), outermost first
+
+
+def caught_elsewhere(message: str) -> Caught | None:
+    """The original exception inside a message torch wrote when it re-raised an
+    exception a DataLoader worker or a DataParallel replica caught; None for any other
+    message. Of chained exceptions, the last (the one that was raised) counts."""
+    found = _CAUGHT.match(message)
+    if found is None:
+        return None
+    lines = found["tb"].splitlines()
+    start = max(i for i, text in enumerate(lines) if text == "Traceback (most recent call last):")
+    frames: list[tuple[str, int, str]] = []
+    rest = len(lines)
+    for i in range(start + 1, len(lines)):
+        frame = _FRAME.match(lines[i])
+        if frame:
+            source = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
+            frames.append((frame["file"], int(frame["line"]), source))
+        elif not lines[i].startswith(" "):
+            rest = i
+            break
+    exception = "\n".join(lines[rest:]).strip()
+    head, sep, tail = exception.partition(": ")
+    if sep and head.rsplit(".", 1)[-1] == found["type"].rsplit(".", 1)[-1]:
+        exception = tail
+    elif exception.rsplit(".", 1)[-1] == found["type"].rsplit(".", 1)[-1]:
+        exception = ""  # raised without a message
+    return Caught(found["type"], exception, found["where"], tuple(frames))

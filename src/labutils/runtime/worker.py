@@ -38,11 +38,12 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from labutils.runtime import debugger, runfiles
-from labutils.runtime.frames import is_bootstrap, is_library
+from labutils.runtime.frames import caught_elsewhere, is_bootstrap, is_library
 from labutils.runtime.procs import die_with_parent
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -54,6 +55,7 @@ _IO_BASE = io.IOBase.__mro__[1]  # _io._IOBase: the C class every file object de
 # What must outlive main(): the files faulthandler writes to, and the script's objects
 # (run_as_main keeps them).
 _keep_alive: list = []
+T = TypeVar("T")
 
 
 def _redirect_fd(fd: int, path: os.PathLike) -> None:
@@ -125,6 +127,15 @@ def _watch_progress(writer: runfiles.EventWriter, main_ident: int,
         last_sig, last_cpu = sig, cpu
 
 
+def _learners_frame(frames: Sequence[T], files: list[str], script: str) -> T | None:
+    """The innermost of frames (outermost first; files: each one's file) in the script,
+    else the innermost in the learner's other files, else None."""
+    script_abs = os.path.abspath(script)
+    mine = [i for i, f in enumerate(files) if os.path.abspath(f) == script_abs] \
+        or [i for i, f in enumerate(files) if not is_library(f)]
+    return frames[mine[-1]] if mine else None
+
+
 def describe_exception(exc: BaseException, script: str) -> dict:
     """The facts of an uncaught exception, with the bootstrap's frames removed."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
@@ -132,20 +143,29 @@ def describe_exception(exc: BaseException, script: str) -> dict:
     while frames and is_bootstrap(frames[0].filename):
         frames.pop(0)
     te.stack = traceback.StackSummary.from_list(frames)
-    script_abs = os.path.abspath(script)
-    where = next((f for f in reversed(frames) if os.path.abspath(f.filename) == script_abs), None)
-    where = where or next((f for f in reversed(frames) if not is_library(f.filename)), None)
+    where = _learners_frame(frames, [f.filename for f in frames], script)
     where = where or (frames[-1] if frames else None)
     if isinstance(exc, SyntaxError) and where is None:
         file, line = exc.filename, exc.lineno
     else:
         file, line = (where.filename, where.lineno) if where else (None, None)
+    exc_type, source = type(exc).__name__, (where.line or "").strip() if where else ""
+    message = str(exc) or ("the debugger was quit (q)" if exc_type == "BdbQuit" else "")
+    caught = caught_elsewhere(message)
+    if caught is not None:
+        # raised in a DataLoader worker: the learner's line is in that process's
+        # traceback (their Dataset), unless only library code ran there
+        exc_type = caught.exc_type
+        message = f"{caught.message} ({caught.where})" if caught.message else caught.where
+        inner = _learners_frame(caught.frames, [f[0] for f in caught.frames], script)
+        if inner is not None:
+            file, line, source = inner
     return {
-        "exc_type": type(exc).__name__,
-        "message": str(exc) or ("the debugger was quit (q)" if type(exc).__name__ == "BdbQuit" else ""),
+        "exc_type": exc_type,
+        "message": message,
         "file": file,
         "line": line,
-        "source": (where.line or "").strip() if where else "",
+        "source": source,
         # Paths shortened as a learner reads them; "file" stays absolute for tools.
         "traceback": runfiles.shorten_traceback_paths("".join(te.format())),
     }
