@@ -199,11 +199,31 @@ def _die_with_caller() -> None:
         die_with_parent(int(pid))
 
 
+def _script_args_hint(argv: list[str], ns: argparse.Namespace, extra: list[str]) -> str:
+    """How to pass words that `labutils launch` did not know, when they come after the
+    script (as torchrun takes them: `torchrun train.py --epochs 2`): after --. "" when
+    some come before it (a misspelt option of the launcher's own)."""
+    if ns.command != "launch" or ns.script not in argv:
+        return ""
+    after = argv[argv.index(ns.script) + 1:]
+    if any(word not in after for word in extra):
+        return ""
+    return (f"the script's own arguments go after --: labutils launch [options] {ns.script} -- "
+            f"{' '.join(extra)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     _die_with_caller()
     argv, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = _script_args_hint(argv, ns, extra)
+        if hint:
+            print(f"labutils launch: unrecognized arguments: {' '.join(extra)}; {hint}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     ns.script_args = script_args
     try:
         if ns.command == "launch":

@@ -60,6 +60,10 @@ def test_cell_runs_on_two_ranks_and_the_result_is_stored(shell, runs_dir, capsys
     ("--display fancy", "argument --display: invalid choice: 'fancy'"),
     ("--hang-timeout -1", "--hang-timeout: expected a number >= 0.5, got -1.0; --help says: "),
     ("--frobnicate", "unrecognized arguments: --frobnicate"),
+    # the cell's own arguments without the separator: where they go, with them in place
+    ("-n 3 --epochs 3 --timeout 5", "unrecognized arguments: --epochs 3; its options are in "
+     "%%torchrun?, and the cell's own arguments (its sys.argv) go after --: %%torchrun -n 3 "
+     "--timeout 5 -- --epochs 3"),
     ("--out 2run", "--out expects a Python variable name, got '2run'"),
     ("--out class", "--out expects a Python variable name, got 'class'"),
     ("-n 2 'unclosed", "cannot split the options"),

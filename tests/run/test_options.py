@@ -137,6 +137,24 @@ def test_launch_errors_on_the_command_line_name_its_flags(argv, said, tmp_path, 
     assert not re.search(r"\b(nproc|max_restarts|local_agents|nnodes|fault)\b=|None", err[0])
 
 
+@pytest.mark.parametrize("argv", [["t.py", "--epochs", "3"], ["-n", "2", "t.py", "3", "-n", "2"]])
+def test_script_arguments_without_the_separator_are_a_one_line_error(argv, capsys):
+    """`torchrun train.py --epochs 3` takes the script's arguments as they come;
+    `labutils launch` wants them after --, and says so before anything starts."""
+    assert main(["launch", *argv]) == 2
+    extra = "--epochs 3" if "--epochs" in argv else "3"
+    assert capsys.readouterr().err.splitlines() == [
+        f"labutils launch: unrecognized arguments: {extra}; the script's own arguments go after "
+        f"--: labutils launch [options] t.py -- {extra}"]
+
+
+def test_an_unknown_option_before_the_script_gets_no_separator_hint(capsys):
+    with pytest.raises(SystemExit):
+        main(["launch", "--nprocs", "2", "t.py"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --nprocs t.py" in err and "after --" not in err
+
+
 def test_kill_rank_and_kill_agent_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         parse(["launch", "--kill-rank", "1", "--kill-agent", "1", "t.py"])

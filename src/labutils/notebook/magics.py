@@ -94,6 +94,16 @@ class TorchrunMagics(Magics):
         run_cell(line, cell, namespace=shell.user_ns)
 
 
+def _without(tokens: list[str], extra: list[str]) -> list[str]:
+    """tokens less the words of extra (in their order), matched from the end."""
+    kept, left = list(tokens), list(extra)
+    for i in range(len(kept) - 1, -1, -1):
+        if left and kept[i] == left[-1]:
+            del kept[i]
+            left.pop()
+    return kept
+
+
 def parse_line(line: str):
     """The magic's options (argparse.Namespace, script arguments in ``.args``).
 
@@ -104,7 +114,12 @@ def parse_line(line: str):
     except ValueError as exc:
         raise UsageError(f"%%torchrun: cannot split the options ({exc}): {line}") from None
     tokens, script_args = split_script_args(tokens)
-    opts = TorchrunMagics.torchrun.parser.parse_args(tokens)
+    opts, extra = TorchrunMagics.torchrun.parser.parse_known_args(tokens)
+    if extra:
+        known = " ".join(_without(tokens, extra))
+        raise UsageError(f"%%torchrun: unrecognized arguments: {' '.join(extra)}; its options are "
+                         f"in %%torchrun?, and the cell's own arguments (its sys.argv) go after "
+                         f"--: %%torchrun {known + ' ' if known else ''}-- {' '.join(extra)}")
     opts.args = script_args
     if not opts.out.isidentifier() or keyword.iskeyword(opts.out):
         raise UsageError(f"%%torchrun: --out expects a Python variable name, got {opts.out!r}")
