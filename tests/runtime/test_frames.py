@@ -7,6 +7,8 @@ raises, in this test's process.
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 
@@ -51,6 +53,17 @@ def _two_arguments(i):
 
 def _bare(i):
     raise IndexError
+
+
+@pytest.fixture(autouse=True)
+def own_temporary_folder(monkeypatch):
+    """A DataLoader worker that sent a tensor leaves its multiprocessing folder (pymp-*,
+    with a socket in it) when it is stopped, with or without the launcher: here it is
+    made in a folder of the test's, removed with it (a short path: a socket's is at most
+    108 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="frames-") as folder:
+        monkeypatch.setattr(tempfile, "tempdir", folder)
+        yield
 
 
 def _raised_by(fail) -> BaseException:
