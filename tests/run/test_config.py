@@ -82,6 +82,79 @@ def test_syntax_error_names_file_and_line(write_script, runs_dir):
     assert not runs_dir.exists()
 
 
+@pytest.mark.parametrize(("name", "module"), [
+    ("profile.py", "the module profile, which torch imports"),  # torch._dynamo imports it
+    ("torch.py", "the torch package"),
+    ("queue.py", "the module queue, which torch imports"),
+    ("email/__init__.py", "the module email, which torch imports"),  # a package
+])
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_file_named_like_a_module_torch_imports_is_refused(ok_script, runs_dir, name, module, warm):
+    """Under torchrun, and in a cold start, `import torch` in a rank would load the
+    learner's file instead; a warm rank, forked with torch imported, never sees it: the
+    run worked warm and failed cold. Refused first, the same either way."""
+    shadow = ok_script.parent / name
+    shadow.parent.mkdir(exist_ok=True)
+    shadow.write_text("x = 1\n")
+    with pytest.raises(LaunchConfigError) as info:
+        launch(ok_script, 2, warm=warm)
+    given = shadow if shadow.name.endswith(".py") and shadow.parent == ok_script.parent else shadow.parent
+    assert str(info.value) == (
+        f"the script's folder: expected no file named like a module torch imports, got "
+        f"'{given}'; rename it (e.g. my_{given.name}): a rank's `import torch` would load it "
+        f"in place of {module} (under torchrun too)")
+    assert not runs_dir.exists()
+
+
+def test_a_folder_without_init_and_other_names_are_no_module_of_torchs(ok_script, runs_dir):
+    """A folder with no __init__.py named like a module is no package that hides it, and
+    a learner's test.py or data.py hides nothing torch imports."""
+    from labutils.run.checks import check_no_shadowing
+
+    (ok_script.parent / "email").mkdir()
+    for name in ("test.py", "data.py", "model.py", "my_profile.py"):
+        (ok_script.parent / name).write_text("x = 1\n")
+    check_no_shadowing(ok_script)
+
+
+def test_the_current_folder_is_checked_too(write_script, runs_dir, tmp_path, monkeypatch):
+    """`python -m` puts the current folder first on the path of the agent and the warm
+    server: a random.py there broke them before any rank started."""
+    (tmp_path / "sub").mkdir()
+    script = write_script("sub/ok.py", "print(1)\n")
+    (tmp_path / "random.py").write_text("x = 1\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LaunchConfigError, match=r"^the current folder: .*random\.py'; rename it "
+                       r"\(e\.g\. my_random\.py\): the launcher's processes, started here"):
+        launch(script, 2)
+
+
+def test_the_list_is_what_a_rank_imports():
+    """TORCH_IMPORTS against the modules a rank has loaded after torch, torch._dynamo and
+    the bootstrap, in a fresh interpreter of this installation: none missing (else a
+    file of that name would go unrefused), and with torch 2.13 none extra."""
+    import importlib.machinery
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from labutils.run.checks import TORCH_IMPORTS
+
+    code = ("import sys, json, labutils.runtime.server, labutils.runtime.worker, "
+            "labutils.runtime.agent, torch, torch._dynamo, torch.distributed.run, torch.nn.parallel; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True, cwd="/").stdout)
+    replaceable = {n for n in loaded if not n.startswith("_") and n not in sys.builtin_module_names
+                   and importlib.machinery.FrozenImporter.find_spec(n) is None
+                   and n not in ("encodings", "cython_runtime", "labutils")}
+    assert sorted(replaceable - TORCH_IMPORTS) == [], "torch imports these: add them to TORCH_IMPORTS"
+    if torch.__version__.startswith("2.13."):
+        assert sorted(TORCH_IMPORTS - replaceable) == [], "torch 2.13 no longer imports these"
+
+
 def test_random_fault_step_is_reproducible():
     from labutils.run.spec import check_fault
 

@@ -52,7 +52,76 @@ def check_script(script: str | os.PathLike) -> Path:
         raise ScriptSyntaxError(str(script), exc.lineno, exc.msg) from None
     except ValueError as exc:  # null bytes
         raise ScriptSyntaxError(str(script), None, str(exc)) from None
-    return path.resolve()
+    path = path.resolve()
+    check_no_shadowing(path)
+    return path
+
+
+# The top-level modules a rank has loaded once it imported torch, torch._dynamo (DDP's
+# constructor imports it) and the launcher's bootstrap (torch 2.13, Linux), less those no
+# file can replace: Python's built-in and frozen modules, and encodings (loaded at start).
+# tests/run/test_config.py recomputes the list and fails when torch imports one not here.
+TORCH_IMPORTS = frozenset([
+    "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "bz2",
+    "cProfile", "calendar", "cmath", "collections", "colorsys", "concurrent", "contextlib",
+    "contextvars", "copy", "copyreg", "csv", "ctypes", "dataclasses", "datetime", "decimal",
+    "difflib", "dis", "email", "enum", "fcntl", "fnmatch", "fractions", "functools",
+    "getpass", "gettext", "glob", "grp", "gzip", "hashlib", "heapq", "hmac", "http",
+    "importlib", "inspect", "ipaddress", "json", "keyword", "linecache", "locale",
+    "logging", "lzma", "math", "mmap", "mpmath", "multiprocessing", "numbers", "numpy",
+    "opcode", "operator", "pathlib", "pickle", "pickletools", "pkgutil", "platform",
+    "pprint", "profile", "pstats", "queue", "quopri", "random", "re", "reprlib", "secrets",
+    "select", "selectors", "shlex", "shutil", "signal", "socket", "ssl", "statistics",
+    "string", "struct", "subprocess", "sympy", "sysconfig", "tarfile", "tempfile",
+    "termios", "textwrap", "threading", "timeit", "token", "tokenize", "torch", "torchgen",
+    "tqdm", "traceback", "types", "typing", "typing_extensions", "unicodedata", "unittest",
+    "urllib", "uuid", "warnings", "weakref", "zipfile", "zlib",
+])
+
+
+def _shadowing(folder: Path) -> list[tuple[str, Path]]:
+    """(module, file) for each file of folder that an import of one of TORCH_IMPORTS
+    would load in its place with folder first on sys.path: NAME.py, or NAME/__init__.py."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        name = entry.name.removesuffix(".py")
+        if name not in TORCH_IMPORTS:
+            continue
+        path = Path(entry.path) if entry.name.endswith(".py") else Path(entry.path) / "__init__.py"
+        if path.is_file():
+            found.append((name, path))
+    return found
+
+
+def check_no_shadowing(script: Path) -> None:
+    """A one-line error when the script's folder (first on a rank's sys.path, as under
+    torchrun) or the current folder (first on the path of the launcher's own processes,
+    started with python -m) holds a file named like a module torch imports: `import
+    torch` would load the learner's file instead, and fail or misbehave in a cold start
+    and under torchrun, while a warm rank, forked with torch already imported, would
+    never see it. Refused before anything starts, so that warm and cold say the same.
+
+    Args:
+        script: the script's absolute path.
+    """
+    here = Path.cwd()
+    for folder in [script.parent] + ([here] if here != script.parent else []):
+        for name, path in _shadowing(folder):
+            module = "the torch package" if name == "torch" else f"the module {name}, which torch imports"
+            what = path if path.parent == folder else path.parent  # NAME.py, or the package NAME
+            if folder == script.parent:
+                where, why = "the script's folder", (f"a rank's `import torch` would load it in place "
+                                                     f"of {module} (under torchrun too)")
+            else:
+                where, why = "the current folder", (f"the launcher's processes, started here, would "
+                                                    f"load it in place of {module}; or start from "
+                                                    "another folder")
+            raise LaunchConfigError(where, expected="no file named like a module torch imports",
+                                    given=str(what), fix=f"rename it (e.g. my_{what.name}): {why}")
 
 
 _FAULT_FIX = ('pass fault={"rank": 1, "step": 5}, {"rank": 1, "step": (3, 8), "seed": 0}, '
