@@ -212,15 +212,31 @@ def _script_args_hint(argv: list[str], ns: argparse.Namespace, extra: list[str])
             f"{' '.join(extra)}")
 
 
+def _option_hint(ns: argparse.Namespace, extra: list[str]) -> str:
+    """For `labutils launch`, the options nearest to an unknown one ("--nprocs": -n/--nproc)."""
+    unknown = next((word for word in extra if word.startswith("-")), None)
+    if ns.command != "launch" or unknown is None:
+        return ""
+    import difflib
+
+    from labutils.run.options import OPTIONS
+
+    names = [name for option in OPTIONS for flag in option.flags for name in flag.names]
+    names += ["--json", "--help"]
+    near = difflib.get_close_matches(unknown.split("=", 1)[0], names, n=2, cutoff=0.6)
+    said = f"did you mean {' or '.join(near)}? " if near else ""
+    return f"{unknown} is no option of labutils launch; {said}labutils launch --help lists them"
+
+
 def main(argv: list[str] | None = None) -> int:
     _die_with_caller()
     argv, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns, extra = parser.parse_known_args(argv)
     if extra:
-        hint = _script_args_hint(argv, ns, extra)
+        hint = _script_args_hint(argv, ns, extra) or _option_hint(ns, extra)
         if hint:
-            print(f"labutils launch: unrecognized arguments: {' '.join(extra)}; {hint}",
+            print(f"labutils {ns.command}: unrecognized arguments: {' '.join(extra)}; {hint}",
                   file=sys.stderr)
             return EXIT_USAGE
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -148,11 +148,17 @@ def test_script_arguments_without_the_separator_are_a_one_line_error(argv, capsy
         f"--: labutils launch [options] t.py -- {extra}"]
 
 
-def test_an_unknown_option_before_the_script_gets_no_separator_hint(capsys):
-    with pytest.raises(SystemExit):
-        main(["launch", "--nprocs", "2", "t.py"])
-    err = capsys.readouterr().err
-    assert "unrecognized arguments: --nprocs t.py" in err and "after --" not in err
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--nprocs", "2", "t.py"], "unrecognized arguments: --nprocs t.py; --nprocs is no option of "
+     "labutils launch; did you mean --nproc or --nnodes? labutils launch --help lists them"),
+    (["--timout=5", "t.py"], "did you mean --timeout or --hang-timeout?"),
+    (["-x", "t.py"], "-x is no option of labutils launch; labutils launch --help lists them"),
+])
+def test_an_unknown_option_is_one_line_with_the_nearest_ones(argv, said, capsys):
+    assert main(["launch", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("labutils launch: ") and said in err[0], err
+    assert "after --" not in err[0]
 
 
 def test_kill_rank_and_kill_agent_exclude_each_other(capsys):
