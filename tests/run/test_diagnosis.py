@@ -324,3 +324,19 @@ def test_an_exception_without_a_message_is_named_alone():
                      failure=failure, reason="failed").summary()
     assert "root cause: rank 1 raised KeyboardInterrupt\n" in text
     assert attempt_entry(0, failure, {})["why"] == "KeyboardInterrupt"
+
+
+def test_at_a_timeout_ranks_that_all_compute_are_no_mismatch():
+    """Every rank busy at its own line when the timeout came: where each was, and no
+    word of collectives that do not match (that is said of a hang, where all wait)."""
+    from labutils.run.hang import Hang
+    from labutils.run.result import RunResult
+
+    at = Hang(stacks={0: "", 1: ""}, waiting={0: "train.py:20", 1: "train.py:31"}, stragglers=[],
+              sources={0: "loss.backward()", 1: "evaluate(model)"},
+              explanation="the ranks wait at different lines: their collectives do not match")
+    text = RunResult(ok=False, world_size=2, duration_s=30.0, log_dir="runs/x", ranks=[],
+                     reason="timeout", at_timeout=at).summary()
+    assert text.splitlines()[1:] == ["where each rank was at the timeout:",
+                                     "  rank 0 was at train.py:20    loss.backward()",
+                                     "  rank 1 was at train.py:31    evaluate(model)"]

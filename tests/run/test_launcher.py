@@ -196,6 +196,30 @@ def test_timeout_stops_every_rank_quickly(runs_dir):
     assert result.ranks[0].stdout.startswith("starting\n")  # logs kept
 
 
+def test_a_timeout_says_where_each_rank_was(runs_dir):
+    """Rank 1 loops outside any collective, rank 0 waits in barrier(): no failure, no hang
+    (hang_timeout=None), only the timeout. The summary names each rank's line from the
+    stacks the ranks dumped when SIGTERM ended them, and the straggler."""
+    script = SCRIPTS / "waits_for_a_flag.py"
+    lines = script.read_text().splitlines()
+    loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
+                     for tag in ("# waits here", "# rank 0 waits here"))
+    # 20 s: every rank is in its wait within a few seconds, cold on a loaded machine too
+    result = launch(script, 2, display="none", timeout=20, hang_timeout=None)
+    assert result.reason == "timeout" and result.hang is None, result.summary()
+    at = result.at_timeout
+    assert at is not None, result.summary()
+    waiting = {rank: where.rsplit("/", 1)[-1] for rank, where in at.waiting.items()}
+    assert (waiting, at.calls, at.stragglers) == (
+        {0: f"waits_for_a_flag.py:{barrier}", 1: f"waits_for_a_flag.py:{loop + 1}"},
+        {0: "barrier", 1: ""}, [1]), result.summary()
+    text = result.summary()
+    assert "at the timeout: rank 0 waits in a collective that rank 1 has not reached\n" in text
+    assert f"  rank 0 was at {at.waiting[0]} in barrier()" in text
+    assert f"  rank 1 was at {at.waiting[1]}  <- straggler" in text
+    assert "at_timeout" not in result.to_json() and result.to_json()["hang"] is None
+
+
 @pytest.mark.warm_only("a rank's output takes one path warm and cold (the worker bootstrap's "
                        "fd redirect to the run folder's files); test_hello_four_ranks[cold] "
                        "reads a cold run's lines")

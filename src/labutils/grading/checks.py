@@ -24,9 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labutils.errors import real_number
+
+if TYPE_CHECKING:
+    from labutils.run.hang import Hang
 
 _FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ', re.M)
 _TRACEBACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+)', re.M)
@@ -225,11 +228,7 @@ class Run:
         if res.ok:
             return ""
         if res.reason == "hang" and res.hang is not None:
-            where = []
-            for rank in sorted(res.hang.stacks):
-                spot = self._learner_frame(res.hang.stacks[rank]) or res.hang.waiting.get(rank, "?")
-                call = res.hang.calls.get(rank)
-                where.append(f"rank {rank} waits at {spot}" + (f" in {call}()" if call else ""))
+            where = self._positions(res.hang, "waits")
             for rank, code in sorted(res.hang.exited.items()):
                 where.append(f"rank {rank}'s script {res.hang.lingering[rank]}, but its process "
                              "runs on (a thread that is not a daemon)" if rank in res.hang.lingering
@@ -237,7 +236,8 @@ class Run:
             return (f"hung: no rank made progress for {res.hang.silent_s:.0f} s; "
                     + "; ".join(where))
         if res.reason == "timeout":
-            return f"timed out after {res.duration_s:.0f} s"
+            where = self._positions(res.at_timeout, "was") if res.at_timeout is not None else []
+            return f"timed out after {res.duration_s:.0f} s" + "".join(f"; {w}" for w in where)
         if res.failure is not None and res.failure.mismatch:
             calls = [f"rank {r} in {m['collective'] or 'a collective'}() at {m['where']}"
                      for r, m in sorted(res.failure.mismatch.items())]
@@ -265,6 +265,16 @@ class Run:
             return Path(filename).resolve().is_relative_to(self.learner_dir.resolve())
         except (OSError, ValueError):
             return False
+
+    def _positions(self, hang: Hang, verb: str) -> list[str]:
+        """'rank R waits at FILE:LINE in CALL()' (or 'was at', at a timeout) for each rank
+        of a hang report, at the innermost line of the learner's own files."""
+        where = []
+        for rank in sorted(hang.stacks):
+            spot = self._learner_frame(hang.stacks[rank]) or hang.waiting.get(rank, "?")
+            call = hang.calls.get(rank)
+            where.append(f"rank {rank} {verb} at {spot}" + (f" in {call}()" if call else ""))
+        return where
 
     def _learner_frame(self, stack_text: str) -> str:
         """From a faulthandler dump (every thread, innermost frame first)."""

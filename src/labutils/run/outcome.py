@@ -27,7 +27,14 @@ from labutils.run.attempts import Attempt, AttemptFold, RankState
 from labutils.run.backends import Backend
 from labutils.run.crash import explain_crash
 from labutils.run.diagnosis import Failure, find_failure, signal_name
-from labutils.run.hang import Hang, collective_of, parse_faulthandler, user_frame, where_text
+from labutils.run.hang import (
+    Hang,
+    analyse_hang,
+    collective_of,
+    parse_faulthandler,
+    user_frame,
+    where_text,
+)
 from labutils.run.nodes import ranks_text
 from labutils.run.result import RankResult, RunResult
 from labutils.run.spec import LaunchSpec, public_fault
@@ -257,6 +264,24 @@ def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
             "source": linecache.getline(at.file, at.line).strip()}
 
 
+def positions_at_timeout(state: RunState, members: list[RankState],
+                         codes: dict[int, int | None]) -> Hang | None:
+    """Where each rank was when the timeout stopped the run, from the stacks it dumped
+    on SIGTERM (runfiles.ended_stacks_path), read as a hang report is; None when no rank
+    that SIGTERM ended left one."""
+    dumps = {}
+    for r in members:
+        if codes.get(r.rank) != -signal.SIGTERM:
+            continue
+        try:
+            dumps[r.rank] = runfiles.ended_stacks_path(state.run_dir, r.rank).read_text(errors="replace")
+        except OSError:
+            continue
+    if not any(text.strip() for text in dumps.values()):
+        return None
+    return analyse_hang(dumps, {r.rank: r.main_tid for r in members}, str(state.spec.script))
+
+
 def failure_of(state: RunState, attempt: int, exit_codes: dict[int, int | None],
                finished: AbstractSet[int] = frozenset(),
                assumed: AbstractSet[int] = frozenset()) -> Failure | None:
@@ -400,17 +425,17 @@ def final_result(state: RunState, *, now: float) -> Settled:
     if (state.spec.elastic or state.shared) and any(r.pid for r in state.ranks):
         shown = [r for r in state.ranks if r.pid]  # the ranks that ran in some attempt
     ranks = [RankResult(rank=r.rank, state=str(states.get(r.rank, r.state)),
-                        exit_code=codes[r.rank], pid=r.pid,
-                        log_dir=state.run_dir, stdout_lines=state.output[r.rank].counts["stdout"],
+                        exit_code=codes[r.rank], pid=r.pid, log_dir=state.run_dir,
+                        stdout_lines=state.output[r.rank].counts["stdout"],
                         stderr_lines=state.output[r.rank].counts["stderr"],
-                        tail=list(state.output[r.rank].combined)[-50:],
-                        victim=r.rank in victims)
+                        tail=list(state.output[r.rank].combined)[-50:], victim=r.rank in victims)
              for r in shown]
     result = RunResult(
         ok=reason == Ending.OK,
         world_size=state.fold.current.world_size if state.fold.current else state.spec.world_size,
         duration_s=now - state.t0, log_dir=state.run_dir, ranks=ranks,
         records=state.fold.records, failure=failure, hang=state.hang,
+        at_timeout=positions_at_timeout(state, members, codes) if reason == Ending.TIMEOUT else None,
         attempts=[*state.attempts, entry],
         reason=str(reason), script=str(state.spec.script), command=backend.command,
         commands=backend.commands, agent_exit_code=backend.exit_code,

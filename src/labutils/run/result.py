@@ -82,6 +82,9 @@ class RunResult:
     records: list[dict] = field(default_factory=list)
     failure: Failure | None = None
     hang: Hang | None = None
+    # where each rank was when the timeout stopped the run (the stacks it dumped then);
+    # shown in the summary, not part of the JSON summary
+    at_timeout: Hang | None = None
     attempts: list[dict] = field(default_factory=list)
     reason: str = "ok"  # ok | failed | hang | timeout | stopped | interrupted
     script: str = ""
@@ -207,11 +210,7 @@ class RunResult:
         if self.hang:
             h = self.hang
             lines.append(f"hang: no rank made progress for {h.silent_s:.0f} s; {h.explanation}")
-            for rank, where in h.waiting.items():
-                call = f" in {h.calls[rank]}()" if h.calls.get(rank) else ""
-                src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
-                mark = "  <- straggler" if rank in h.stragglers else ""
-                lines.append(f"  rank {rank} waits at {where}{call}{mark}{src}")
+            lines.extend(_position_lines(h, "waits"))
             for rank, exit_code in h.exited.items():
                 if rank in h.lingering:
                     lines.append(f"  rank {rank}'s script {h.lingering[rank]}, but its process "
@@ -219,6 +218,14 @@ class RunResult:
                                  "(start them with daemon=True, or stop and join them)")
                 else:
                     lines.append(f"  rank {rank} had already exited (code {exit_code})")
+        if self.at_timeout and not self.hang:
+            h = self.at_timeout
+            calls = [r for r in h.waiting if h.calls.get(r)]
+            # "rank 0 waits in a collective that rank 1 has not reached": said only when
+            # it holds; ranks that all compute at different lines are no mismatch
+            lines.append(f"at the timeout: {h.explanation}" if calls and len(calls) < len(h.waiting)
+                         else "where each rank was at the timeout:")
+            lines.extend(_position_lines(h, "was"))
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
         return runfiles.shorten_build_paths("\n".join(lines))
@@ -289,3 +296,13 @@ def state_badge(state: str) -> str:
             f"padding:0 6px'>{html.escape(state)}</span>")
 
 
+def _position_lines(h: Hang, verb: str) -> list[str]:
+    """A line for each rank of a hang report: where it waits (verb "waits") or was
+    ("was", at a timeout), in which collective, whether it is a straggler, the source."""
+    lines = []
+    for rank, where in h.waiting.items():
+        call = f" in {h.calls[rank]}()" if h.calls.get(rank) else ""
+        src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
+        mark = "  <- straggler" if rank in h.stragglers else ""
+        lines.append(f"  rank {rank} {verb} at {where}{call}{mark}{src}")
+    return lines
