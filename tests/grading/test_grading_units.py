@@ -88,10 +88,10 @@ def test_checks_keep_their_order_and_a_crash_costs_only_that_check(tmp_path):
 
 # ---------------------------------------------------------------- run problems
 
-def _result(reason, *, failure=None, hang=None, attempts=1, at_timeout=None):
+def _result(reason, *, failure=None, hang=None, attempts=1, at_stop=None):
     return RunResult(ok=reason == "ok", world_size=2, duration_s=12.0, log_dir=Path("."),
                      ranks=[RankResult(rank=0), RankResult(rank=1)], failure=failure, hang=hang,
-                     reason=reason, attempts=[{}] * attempts, at_timeout=at_timeout)
+                     reason=reason, attempts=[{}] * attempts, at_stop=at_stop)
 
 
 def test_run_problem_names_the_learners_line(tmp_path):
@@ -115,7 +115,7 @@ def test_run_problem_names_the_learners_line(tmp_path):
     spin = f'Current thread 0x00007f (most recent call first):\n  File "{learner}/train.py", line 8 in <module>\n'
     at = Hang(stacks={0: stack, 1: spin}, waiting={0: "probe.py:3", 1: "train.py:8"}, stragglers=[1],
               calls={0: "send", 1: ""})
-    assert Run(label="x", result=_result("timeout", at_timeout=at), learner_dir=learner).problem == (
+    assert Run(label="x", result=_result("timeout", at_stop=at), learner_dir=learner).problem == (
         "timed out after 12 s; rank 0 was at ring.py:24 in send(); rank 1 was at train.py:8")
     assert Run(label="x", error="syntax error in train.py:3", learner_dir=learner).problem == \
         "could not start: syntax error in train.py:3"

@@ -336,7 +336,7 @@ def test_at_a_timeout_ranks_that_all_compute_are_no_mismatch():
               sources={0: "loss.backward()", 1: "evaluate(model)"},
               explanation="the ranks wait at different lines: their collectives do not match")
     text = RunResult(ok=False, world_size=2, duration_s=30.0, log_dir="runs/x", ranks=[],
-                     reason="timeout", at_timeout=at).summary()
+                     reason="timeout", at_stop=at).summary()
     assert text.splitlines()[1:] == ["where each rank was at the timeout:",
                                      "  rank 0 was at train.py:20    loss.backward()",
                                      "  rank 1 was at train.py:31    evaluate(model)"]

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from helpers import SCRIPTS
 from labutils import launch
 from labutils.runtime.procs import pid_alive
 from labutils.notebook.display import TextDisplay
+from labutils.run.display import Display
 
 # Every test here runs warm and cold (conftest.py: the `start` fixture).
 pytestmark = pytest.mark.usefixtures("start")
@@ -196,28 +198,45 @@ def test_timeout_stops_every_rank_quickly(runs_dir):
     assert result.ranks[0].stdout.startswith("starting\n")  # logs kept
 
 
-def test_a_timeout_says_where_each_rank_was(runs_dir):
+class _StopOnceBothWait(Display):
+    """Presses Stop a second after both ranks printed "started" (then in their waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: set[int] = set()
+
+    def lines(self, rank, stream, lines):
+        self.started |= {rank for line in lines if line == "started"}
+        if len(self.started) == 2 and not self.stop_requested.is_set():
+            threading.Timer(1.0, self.stop_requested.set).start()
+
+
+@pytest.mark.parametrize("ending", ["timeout", "stopped"])
+def test_a_stopped_run_says_where_each_rank_was(runs_dir, ending):
     """Rank 1 loops outside any collective, rank 0 waits in barrier(): no failure, no hang
-    (hang_timeout=None), only the timeout. The summary names each rank's line from the
-    stacks the ranks dumped when SIGTERM ended them, and the straggler."""
+    (hang_timeout=None), only the timeout or Stop ends it. The summary names each rank's
+    line from the stacks the ranks dumped when SIGTERM ended them, and the straggler."""
     script = SCRIPTS / "waits_for_a_flag.py"
     lines = script.read_text().splitlines()
     loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
                      for tag in ("# waits here", "# rank 0 waits here"))
-    # 20 s: every rank is in its wait within a few seconds, cold on a loaded machine too
-    result = launch(script, 2, display="none", timeout=20, hang_timeout=None)
-    assert result.reason == "timeout" and result.hang is None, result.summary()
-    at = result.at_timeout
+    # the timeout: every rank is in its wait within a few seconds, cold on a loaded machine too
+    result = launch(script, 2, hang_timeout=None, **(
+        {"display": "none", "timeout": 20} if ending == "timeout" else
+        {"display": _StopOnceBothWait(), "timeout": 120}))
+    assert result.reason == ending and result.hang is None, result.summary()
+    at = result.at_stop
     assert at is not None, result.summary()
     waiting = {rank: where.rsplit("/", 1)[-1] for rank, where in at.waiting.items()}
     assert (waiting, at.calls, at.stragglers) == (
         {0: f"waits_for_a_flag.py:{barrier}", 1: f"waits_for_a_flag.py:{loop + 1}"},
         {0: "barrier", 1: ""}, [1]), result.summary()
     text = result.summary()
-    assert "at the timeout: rank 0 waits in a collective that rank 1 has not reached\n" in text
+    when = {"timeout": "at the timeout", "stopped": "when the run was stopped"}[ending]
+    assert f"{when}: rank 0 waits in a collective that rank 1 has not reached\n" in text
     assert f"  rank 0 was at {at.waiting[0]} in barrier()" in text
     assert f"  rank 1 was at {at.waiting[1]}  <- straggler" in text
-    assert "at_timeout" not in result.to_json() and result.to_json()["hang"] is None
+    assert "at_stop" not in result.to_json() and result.to_json()["hang"] is None
 
 
 @pytest.mark.warm_only("a rank's output takes one path warm and cold (the worker bootstrap's "

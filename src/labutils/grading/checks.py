@@ -236,7 +236,7 @@ class Run:
             return (f"hung: no rank made progress for {res.hang.silent_s:.0f} s; "
                     + "; ".join(where))
         if res.reason == "timeout":
-            where = self._positions(res.at_timeout, "was") if res.at_timeout is not None else []
+            where = self._positions(res.at_stop, "was") if res.at_stop is not None else []
             return f"timed out after {res.duration_s:.0f} s" + "".join(f"; {w}" for w in where)
         if res.failure is not None and res.failure.mismatch:
             calls = [f"rank {r} in {m['collective'] or 'a collective'}() at {m['where']}"

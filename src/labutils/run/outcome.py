@@ -264,11 +264,15 @@ def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
             "source": linecache.getline(at.file, at.line).strip()}
 
 
-def positions_at_timeout(state: RunState, members: list[RankState],
+# Endings in which the launcher stops the ranks that still run (SIGTERM)
+STOPPING = (Ending.TIMEOUT, Ending.STOPPED, Ending.INTERRUPTED)
+
+
+def positions_at_stop(state: RunState, members: list[RankState],
                          codes: dict[int, int | None]) -> Hang | None:
-    """Where each rank was when the timeout stopped the run, from the stacks it dumped
-    on SIGTERM (runfiles.ended_stacks_path), read as a hang report is; None when no rank
-    that SIGTERM ended left one."""
+    """Where each rank was when the launcher stopped the run (a timeout, Stop, an
+    interrupt), from the stacks it dumped on SIGTERM (runfiles.ended_stacks_path), read as
+    a hang report is; None when no rank that SIGTERM ended left one."""
     dumps = {}
     for r in members:
         if codes.get(r.rank) != -signal.SIGTERM:
@@ -435,7 +439,7 @@ def final_result(state: RunState, *, now: float) -> Settled:
         world_size=state.fold.current.world_size if state.fold.current else state.spec.world_size,
         duration_s=now - state.t0, log_dir=state.run_dir, ranks=ranks,
         records=state.fold.records, failure=failure, hang=state.hang,
-        at_timeout=positions_at_timeout(state, members, codes) if reason == Ending.TIMEOUT else None,
+        at_stop=positions_at_stop(state, members, codes) if reason in STOPPING else None,
         attempts=[*state.attempts, entry],
         reason=str(reason), script=str(state.spec.script), command=backend.command,
         commands=backend.commands, agent_exit_code=backend.exit_code,

@@ -82,9 +82,9 @@ class RunResult:
     records: list[dict] = field(default_factory=list)
     failure: Failure | None = None
     hang: Hang | None = None
-    # where each rank was when the timeout stopped the run (the stacks it dumped then);
-    # shown in the summary, not part of the JSON summary
-    at_timeout: Hang | None = None
+    # where each rank was when the launcher stopped the run (timeout, Stop, interrupt:
+    # the stacks each dumped then); shown in the summary, not part of the JSON summary
+    at_stop: Hang | None = None
     attempts: list[dict] = field(default_factory=list)
     reason: str = "ok"  # ok | failed | hang | timeout | stopped | interrupted
     script: str = ""
@@ -218,13 +218,14 @@ class RunResult:
                                  "(start them with daemon=True, or stop and join them)")
                 else:
                     lines.append(f"  rank {rank} had already exited (code {exit_code})")
-        if self.at_timeout and not self.hang:
-            h = self.at_timeout
+        if self.at_stop and not self.hang:
+            h = self.at_stop
             calls = [r for r in h.waiting if h.calls.get(r)]
+            when = _WHEN.get(self.reason, "when the run ended")
             # "rank 0 waits in a collective that rank 1 has not reached": said only when
             # it holds; ranks that all compute at different lines are no mismatch
-            lines.append(f"at the timeout: {h.explanation}" if calls and len(calls) < len(h.waiting)
-                         else "where each rank was at the timeout:")
+            lines.append(f"{when}: {h.explanation}" if calls and len(calls) < len(h.waiting)
+                         else f"where each rank was {when}:")
             lines.extend(_position_lines(h, "was"))
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
@@ -294,6 +295,10 @@ def state_badge(state: str) -> str:
     color = STATE_COLORS.get(state, "#6e7781")
     return (f"<span style='background:{color};color:white;border-radius:8px;"
             f"padding:0 6px'>{html.escape(state)}</span>")
+
+
+_WHEN = {"timeout": "at the timeout", "stopped": "when the run was stopped",
+         "interrupted": "when the run was interrupted"}
 
 
 def _position_lines(h: Hang, verb: str) -> list[str]:
