@@ -215,7 +215,9 @@ class _StopOnceBothWait(Display):
 def test_a_stopped_run_says_where_each_rank_was(runs_dir, ending):
     """Rank 1 loops outside any collective, rank 0 waits in barrier(): no failure, no hang
     (hang_timeout=None), only the timeout or Stop ends it. The summary names each rank's
-    line from the stacks the ranks dumped when SIGTERM ended them, and the straggler."""
+    line and call from the stacks the ranks dumped when SIGTERM ended them (result.at_stop
+    has the straggler too; one look at a run that may have been well is no verdict, so
+    the summary does not say it)."""
     script = SCRIPTS / "waits_for_a_flag.py"
     lines = script.read_text().splitlines()
     loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
@@ -233,9 +235,9 @@ def test_a_stopped_run_says_where_each_rank_was(runs_dir, ending):
         {0: "barrier", 1: ""}, [1]), result.summary()
     text = result.summary()
     when = {"timeout": "at the timeout", "stopped": "when the run was stopped"}[ending]
-    assert f"{when}: rank 0 waits in a collective that rank 1 has not reached\n" in text
-    assert f"  rank 0 was at {at.waiting[0]} in barrier()" in text
-    assert f"  rank 1 was at {at.waiting[1]}  <- straggler" in text
+    assert f"where each rank was {when}:\n  rank 0 was at {at.waiting[0]} in barrier()    " \
+           f"dist.barrier()  # rank 0 waits here\n  rank 1 was at {at.waiting[1]}    " \
+           "time.sleep(0.05)" in text, text
     assert "at_stop" not in result.to_json() and result.to_json()["hang"] is None
 
 

@@ -219,14 +219,10 @@ class RunResult:
                 else:
                     lines.append(f"  rank {rank} had already exited (code {exit_code})")
         if self.at_stop and not self.hang:
-            h = self.at_stop
-            calls = [r for r in h.waiting if h.calls.get(r)]
-            when = _WHEN.get(self.reason, "when the run ended")
-            # "rank 0 waits in a collective that rank 1 has not reached": said only when
-            # it holds; ranks that all compute at different lines are no mismatch
-            lines.append(f"{when}: {h.explanation}" if calls and len(calls) < len(h.waiting)
-                         else f"where each rank was {when}:")
-            lines.extend(_position_lines(h, "was"))
+            # an instant of a run that may have been well: where each rank was, and no
+            # verdict (no straggler, no mismatch) drawn from that one look
+            lines.append(f"where each rank was {_WHEN.get(self.reason, 'when the run ended')}:")
+            lines.extend(_position_lines(self.at_stop, "was", stragglers=False))
         # torch's build paths in error messages, as the display shows them; the JSON
         # summary and the logs keep the messages as they were raised.
         return runfiles.shorten_build_paths("\n".join(lines))
@@ -301,13 +297,14 @@ _WHEN = {"timeout": "at the timeout", "stopped": "when the run was stopped",
          "interrupted": "when the run was interrupted"}
 
 
-def _position_lines(h: Hang, verb: str) -> list[str]:
+def _position_lines(h: Hang, verb: str, *, stragglers: bool = True) -> list[str]:
     """A line for each rank of a hang report: where it waits (verb "waits") or was
-    ("was", at a timeout), in which collective, whether it is a straggler, the source."""
+    ("was", when the run was stopped), in which collective, whether it is a straggler
+    (a hang's verdict only), the source."""
     lines = []
     for rank, where in h.waiting.items():
         call = f" in {h.calls[rank]}()" if h.calls.get(rank) else ""
         src = f"    {h.sources[rank]}" if h.sources.get(rank) else ""
-        mark = "  <- straggler" if rank in h.stragglers else ""
+        mark = "  <- straggler" if stragglers and rank in h.stragglers else ""
         lines.append(f"  rank {rank} {verb} at {where}{call}{mark}{src}")
     return lines
