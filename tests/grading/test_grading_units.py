@@ -538,3 +538,23 @@ def test_the_process_limit_leaves_room_for_each_process_threads_and_still_stops_
     assert os.waitpid(pid, 0)[1] == 0
     assert seen["held"][0] == f"processes <= 1 (threads <= {per} in all)"
     assert per - 5 <= seen["started"] < per, seen   # the main thread counts too
+
+
+@pytest.mark.slow
+def test_a_file_named_like_a_module_torch_imports_is_named_in_the_feedback(tmp_path):
+    """A submission with queue.py beside its notebook: the notebook runner (nbclient
+    imports queue) cannot start, nor can any run of the checks. The feedback says why,
+    naming the file as the learner does, never the grader's folders."""
+    import shutil
+
+    lab = "02_rank_zero_collective"
+    submission = tmp_path / "with_queue"
+    shutil.copytree(REPO / "solutions" / lab, submission)
+    (submission / "queue.py").write_text("jobs = []\n")
+    [result] = grade(REPO / "labs" / lab, [submission], out_dir=tmp_path / "out", progress=None)
+    tests = {t["name"]: t["output"] for t in result["tests"]}
+    assert tests["The notebook runs from top to bottom"].endswith(
+        "its last words: ImportError: cannot import name 'Empty' from 'queue' (queue.py)."), tests
+    runs = [out for name, out in tests.items() if "could not start" in out]
+    assert runs and all("got 'queue.py'; rename it (e.g. my_queue.py)" in out for out in runs), tests
+    assert not any("labutils-grade-" in out or str(tmp_path) in out for out in tests.values()), tests

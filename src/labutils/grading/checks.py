@@ -403,8 +403,8 @@ class Checker:
             else:  # no probe ran: records that claim one are the script's
                 result = launch(path, nproc, **options)
                 result.records = own_records(result.records)
-        except LaunchConfigError as exc:
-            return self._run(label, error=str(exc))
+        except LaunchConfigError as exc:  # paths in the learner's folder, as they name them
+            return self._run(label, error=str(exc).replace(f"{self.learner_dir.resolve()}/", ""))
         finally:
             os.chdir(here)
         return self._run(label, result=result)

@@ -311,6 +311,18 @@ class Supervisor:
         return parameters
 
     # ------------------------------------------------------------------ grade
+    def _last_words(self, phase: str) -> str:
+        """The last line a phase wrote to stderr (its log), as the learner reads it: the
+        submission's folder left out of paths, at most 300 characters."""
+        try:
+            with open(self.private / f"{phase}.log", "rb") as log:
+                log.seek(max(0, log.seek(0, 2) - 4096))
+                lines = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        return last.replace(f"{self.work}/", "")[:300]
+
     def notebook_test(self, notebook: Path | None, problem: str) -> tuple[dict, dict]:
         points = float(self.config.get("notebook_points", 1))
         test = {"name": "The notebook runs from top to bottom", "max_score": points,
@@ -331,8 +343,10 @@ class Supervisor:
         if phase.ended != "exited":
             outcome = {"status": phase.ended, "detail": phase.detail}
         elif not outcome:
+            said = self._last_words("notebook")
             outcome = {"status": "crashed", "detail": f"the notebook runner ended with exit code "
-                                                      f"{phase.exit_code} and no result"}
+                                                      f"{phase.exit_code} and no result"
+                                                      + (f"; its last words: {said}" if said else "")}
         outcome["wall_s"] = round(phase.duration_s, 2)
         if executed.is_file() and not executed.is_symlink() and executed.stat().st_size <= 20 << 20:
             shutil.copyfile(executed, self.private / "executed.ipynb")
