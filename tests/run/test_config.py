@@ -129,6 +129,16 @@ def test_the_current_folder_is_checked_too(write_script, runs_dir, tmp_path, mon
         launch(script, 2)
 
 
+def test_a_deleted_current_folder_holds_nothing_to_refuse(ok_script, tmp_path, monkeypatch):
+    from labutils.run.checks import check_no_shadowing
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    check_no_shadowing(ok_script.resolve())
+
+
 def test_the_list_is_what_a_rank_imports():
     """TORCH_IMPORTS against the modules a rank has loaded after torch, torch._dynamo and
     the bootstrap, in a fresh interpreter of this installation: none missing (else a

@@ -108,8 +108,13 @@ def check_no_shadowing(script: Path) -> None:
     Args:
         script: the script's absolute path.
     """
-    here = Path.cwd()
-    for folder in [script.parent] + ([here] if here != script.parent else []):
+    folders = [script.parent]
+    try:
+        if Path.cwd() != script.parent:
+            folders.append(Path.cwd())
+    except OSError:  # the current folder was deleted: nothing in it can be imported
+        pass
+    for folder in folders:
         for name, path in _shadowing(folder):
             module = "the torch package" if name == "torch" else f"the module {name}, which torch imports"
             what = path if path.parent == folder else path.parent  # NAME.py, or the package NAME

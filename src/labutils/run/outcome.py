@@ -269,7 +269,7 @@ STOPPING = (Ending.TIMEOUT, Ending.STOPPED, Ending.INTERRUPTED)
 
 
 def positions_at_stop(state: RunState, members: list[RankState],
-                         codes: dict[int, int | None]) -> Hang | None:
+                      codes: dict[int, int | None]) -> Hang | None:
     """Where each rank was when the launcher stopped the run (a timeout, Stop, an
     interrupt), from the stacks it dumped on SIGTERM (runfiles.ended_stacks_path), read as
     a hang report is; None when no rank that SIGTERM ended left one."""
