@@ -11,6 +11,7 @@ import sys
 
 from labutils.errors import InputError, LabutilsError
 from labutils.run.options import (
+    OPTIONS,
     add_launch_arguments,
     command_line_error,
     launch_kwargs,
@@ -218,8 +219,6 @@ def _option_hint(ns: argparse.Namespace, extra: list[str]) -> str:
     if ns.command != "launch" or unknown is None:
         return ""
     import difflib
-
-    from labutils.run.options import OPTIONS
 
     names = [name for option in OPTIONS for flag in option.flags for name in flag.names]
     names += ["--json", "--help"]
