@@ -8,13 +8,15 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from typing import NoReturn
 
 from labutils.errors import InputError, LabutilsError
 from labutils.run.options import (
-    OPTIONS,
     add_launch_arguments,
     command_line_error,
     launch_kwargs,
+    parser_error_line,
     split_script_args,
 )
 from labutils.run.result import EXIT_INTERRUPTED, EXIT_USAGE
@@ -171,9 +173,23 @@ def _cmd_grade(ns: argparse.Namespace) -> int:
     return 1 if any(r.get("grader_error") for r in results) else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="labutils", description=__doc__)
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with every refusal one line (options.parser_error_line) instead
+    of the usage block and the message; subcommands' parsers are of this class too."""
+
+    words: list[str] = []  # the command line being parsed (main sets it)
+    commands: Mapping[str, argparse.ArgumentParser] = {}  # the subcommands' parsers (build_parser)
+
+    def error(self, message: str) -> NoReturn:
+        said = parser_error_line(self, message, help_says="--help", words=_Parser.words)
+        print(f"{self.prog}: {said}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="labutils", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices
     _launch_parser(sub)
     d = sub.add_parser("doctor", help="report torch, backends, GPUs, cores and advice")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -213,32 +229,30 @@ def _script_args_hint(argv: list[str], ns: argparse.Namespace, extra: list[str])
             f"{' '.join(extra)}")
 
 
-def _option_hint(ns: argparse.Namespace, extra: list[str]) -> str:
-    """For `labutils launch`, the options nearest to an unknown one ("--nprocs": -n/--nproc)."""
+def _option_hint(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The options nearest to an unknown one ("--nprocs": -n/--nproc), and where all are listed."""
     unknown = next((word for word in extra if word.startswith("-")), None)
-    if ns.command != "launch" or unknown is None:
-        return ""
+    if unknown is None:
+        return f"{parser.prog} --help lists what it takes"
     import difflib
 
-    names = [name for option in OPTIONS for flag in option.flags for name in flag.names]
-    names += ["--json", "--help"]
+    names = [name for action in parser._actions for name in action.option_strings]
     near = difflib.get_close_matches(unknown.split("=", 1)[0], names, n=2, cutoff=0.6)
     said = f"did you mean {' or '.join(near)}? " if near else ""
-    return f"{unknown} is no option of labutils launch; {said}labutils launch --help lists them"
+    return f"{unknown} is no option of {parser.prog}; {said}{parser.prog} --help lists them"
 
 
 def main(argv: list[str] | None = None) -> int:
     _die_with_caller()
     argv, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    _Parser.words = argv
     ns, extra = parser.parse_known_args(argv)
     if extra:
-        hint = _script_args_hint(argv, ns, extra) or _option_hint(ns, extra)
-        if hint:
-            print(f"labutils {ns.command}: unrecognized arguments: {' '.join(extra)}; {hint}",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = _script_args_hint(argv, ns, extra) or _option_hint(parser.commands[ns.command], extra)
+        print(f"labutils {ns.command}: unrecognized arguments: {' '.join(extra)}; {hint}",
+              file=sys.stderr)
+        return EXIT_USAGE
     ns.script_args = script_args
     try:
         if ns.command == "launch":

@@ -55,9 +55,11 @@ def test_cell_runs_on_two_ranks_and_the_result_is_stored(shell, runs_dir, capsys
 
 @pytest.mark.parametrize("line, message", [
     ("-n 0", "-n/--nproc: expected a whole number of ranks >= 1, got 0; pass e.g. -n/--nproc 2"),
-    ("-n two", "argument -n/--nproc: invalid int value: 'two'"),
-    ("--backend mpi", "argument --backend: invalid choice: 'mpi'"),
-    ("--display fancy", "argument --display: invalid choice: 'fancy'"),
+    ("-n two", "-n/--nproc: expected a whole number, got 'two'; %%torchrun? says: ranks per agent"),
+    ("--backend mpi", "--backend: expected one of auto, gloo, nccl, got 'mpi'; %%torchrun? says: "),
+    ("--display txt", "--display: expected one of auto, widgets, text, terminal, none, got 'txt'; "
+     "did you mean text?"),
+    ("--timeout", "--timeout: expected a value after it, got none; e.g. --timeout TIMEOUT"),
     ("--hang-timeout -1", "--hang-timeout: expected a number >= 0.5, got -1.0; --help says: "),
     ("--frobnicate", "unrecognized arguments: --frobnicate"),
     # the cell's own arguments without the separator: where they go, with them in place
@@ -126,3 +128,18 @@ def test_the_same_cell_maps_to_the_same_file(tmp_path):
     assert magics.cell_script("print(1)\n", log_dir=tmp_path) == first
     assert magics.cell_script("print(2)\n", log_dir=tmp_path) != first
     assert first.parent == (tmp_path / "cells").resolve()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("start -n x", "%dist start: -n/--nproc: expected a whole number, got 'x'; %dist? lists the options"),
+    ("start --display y", "%dist start: --display: expected one of auto, widgets, text, terminal, "
+     "none, got 'y'"),
+    ("pull", "%dist pull: expected name, got none; usage: %dist pull [options] name"),
+])
+def test_the_worlds_magics_refuse_bad_options_in_one_line(line, message):
+    """%dist and %%ranks parse before they touch a world: no world is started here."""
+    with pytest.raises(UsageError) as info:
+        magics.dist_line(line, namespace={})
+    assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
+    with pytest.raises(UsageError, match=r"^%%ranks: --display: expected one of .*, got 'z'"):
+        magics.ranks_cell("--display z", "x = 1", namespace={})

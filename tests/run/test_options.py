@@ -161,6 +161,48 @@ def test_an_unknown_option_is_one_line_with_the_nearest_ones(argv, said, capsys)
     assert "after --" not in err[0]
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["launch", "-n", "two", "t.py"], "labutils launch: -n/--nproc: expected a whole number, got "
+     "'two'; --help says: ranks per agent; with one agent, on this machine (default 2)"),
+    (["launch", "--timeout", "soon", "t.py"], "labutils launch: --timeout: expected a number, got 'soon'"),
+    (["launch", "--backend", "mpi", "t.py"], "labutils launch: --backend: expected one of auto, gloo, "
+     "nccl, got 'mpi'; --help says: nccl with a GPU per rank"),
+    (["launch", "--backend", "ncl", "t.py"], "got 'ncl'; did you mean nccl?"),
+    (["launch", "t.py", "--timeout"], "labutils launch: --timeout: expected a value after it, got "
+     "none; e.g. --timeout TIMEOUT; --help says: wall-clock limit"),
+    # an option that takes a value took the script
+    (["launch", "-n", "2", "--json", "t.py"], "labutils launch: expected script, got none (--json "
+     "took 't.py' as its value); usage: labutils launch [options] script; labutils launch --help "
+     "lists the options"),
+    (["launch", "--cold=yes", "t.py"], "labutils launch: --cold: ignored explicit argument 'yes'"),
+    (["lanch", "t.py"], "labutils: command: expected one of launch, doctor, grade, debug, release, "
+     "wrongfixes, autograder, export, k8s, slurm, got 'lanch'; did you mean launch?"),
+    ([], "labutils: expected command, got none; usage: labutils [options] command"),
+    (["grade", "labs/01"], "labutils grade: expected SUBMISSION, got none; usage: labutils grade "
+     "[options] lab SUBMISSION ...; labutils grade --help lists the options"),
+    (["export", "grades"], "usage: labutils export --roster ROSTER --assignment ASSIGNMENT [options] grades"),
+    (["doctor", "--jsn"], "labutils doctor: unrecognized arguments: --jsn; --jsn is no option of "
+     "labutils doctor; did you mean --json? labutils doctor --help lists them"),
+])
+def test_what_argparse_refuses_is_one_line_too(argv, said, capsys):
+    """A value of the wrong type or outside the choices, a missing value or argument, a
+    misspelt command: one line with what was expected and how to go on, no usage block."""
+    try:
+        code = main(argv)
+    except SystemExit as done:  # argparse's own refusals end in the parser's error()
+        code = done.code
+    assert code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_help_is_still_the_whole_usage(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["launch", "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: labutils launch [-h] [-n NPROC]")
+
+
 def test_kill_rank_and_kill_agent_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         parse(["launch", "--kill-rank", "1", "--kill-agent", "1", "t.py"])

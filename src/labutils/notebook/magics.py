@@ -54,6 +54,7 @@ from labutils.run.options import (
     add_launch_arguments,
     command_line_error,
     launch_kwargs,
+    parser_error_line,
     split_script_args,
 )
 from labutils.run.result import RunResult
@@ -114,7 +115,12 @@ def parse_line(line: str):
     except ValueError as exc:
         raise UsageError(f"%%torchrun: cannot split the options ({exc}): {line}") from None
     tokens, script_args = split_script_args(tokens)
-    opts, extra = TorchrunMagics.torchrun.parser.parse_known_args(tokens)
+    parser = TorchrunMagics.torchrun.parser
+    try:
+        opts, extra = parser.parse_known_args(tokens)
+    except UsageError as exc:  # IPython's parser raises argparse's message as it is
+        raise UsageError(f"%%torchrun: {parser_error_line(parser, str(exc), help_says='%%torchrun?')}") \
+            from None
     if extra:
         known = " ".join(_without(tokens, extra))
         raise UsageError(f"%%torchrun: unrecognized arguments: {' '.join(extra)}; its options are "
@@ -186,8 +192,14 @@ class DistMagics(Magics):
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
-    parser.error = lambda message: (_ for _ in ()).throw(UsageError(f"{prog}: {message}"))  # type: ignore[method-assign]
+    parser.error = lambda message: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        UsageError(f"{prog}: {_one_line(parser, message)}"))
     return parser
+
+
+def _one_line(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's message for a magic's line: what was expected, and how to go on."""
+    return parser_error_line(parser, message, help_says=parser.prog.split()[0] + "?")
 
 
 def _rank_list(text: str | None, prog: str) -> list[int] | None:
@@ -259,7 +271,7 @@ def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namesp
     try:
         return parser.parse_args(words)
     except argparse.ArgumentError as exc:
-        raise UsageError(f"{parser.prog}: {exc}") from None
+        raise UsageError(f"{parser.prog}: {_one_line(parser, str(exc))}") from None
 
 
 def ranks_cell(line: str, cell: str, *, namespace: dict):

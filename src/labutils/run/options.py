@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -320,6 +321,84 @@ def _flag_names(option: Option) -> str:
     if len(option.flags) == 1:
         return "/".join(option.flags[0].names)
     return "/".join(flag.names[-1] for flag in option.flags if flag.exclusive) or option.flags[0].names[-1]
+
+
+# argparse's messages (Python 3.10 to 3.13), read by parser_error_line.
+_ARGUMENT = re.compile(r"argument (?P<names>.+?): (?P<what>.*)$", re.S)
+_INVALID = re.compile(r"invalid (?P<type>\w+) value: (?P<got>.*)$", re.S)
+_CHOICE = re.compile(r"invalid choice: (?P<got>'.*?'|\S+)(?: \(choose from (?P<among>.*)\))?$", re.S)
+_REQUIRED = re.compile(r"the following arguments are required: (?P<names>.*)$", re.S)
+_KINDS = {"int": "a whole number", "float": "a number"}
+
+
+def parser_error_line(parser: argparse.ArgumentParser, message: str, *, help_says: str,
+                      words: list[str] | None = None) -> str:
+    """argparse's error for a command line as one line: what was expected, what came,
+    and how to go on (the flag's help, the nearest choice, the usage). No usage block.
+
+    Args:
+        parser: the parser (or subcommand's parser) that refused the line.
+        message: what argparse passed to its error().
+        help_says: where the options are listed, e.g. "--help" or "%%torchrun?".
+        words: the command line, when known: a positional argument missing because an
+            option took it as its value (`--json train.py`) is then named.
+    """
+    import difflib
+
+    message = " ".join(message.split())
+    required = _REQUIRED.match(message)
+    if required:
+        needed = [f"{a.option_strings[-1]} {_shown(a)}" for a in parser._actions
+                  if a.option_strings and a.required]
+        positionals = [_shown(a) for a in parser._actions
+                       if not a.option_strings and a.help != argparse.SUPPRESS]
+        usage = " ".join([parser.prog, *needed, "[options]", *positionals])
+        return (f"expected {required['names']}, got none{_taken(parser, words)}; usage: {usage}; "
+                f"{_where(parser, help_says)} lists the options")
+    argument = _ARGUMENT.match(message)
+    action = None if argument is None else next(
+        (a for a in parser._actions if argument["names"] in ("/".join(a.option_strings), a.metavar, a.dest)),
+        None)
+    if argument is None or action is None:
+        return f"{message}; {_where(parser, help_says)} lists the options"
+    names, what = argument["names"], argument["what"]
+    said = f"{help_says} says: {action.help}" if action.help else \
+        f"{_where(parser, help_says)} lists the options"
+    invalid, choice = _INVALID.match(what), _CHOICE.match(what)
+    if invalid:
+        return f"{names}: expected {_KINDS.get(invalid['type'], 'a valid value')}, got {invalid['got']}; {said}"
+    if choice:
+        among = [str(c) for c in action.choices or ()]
+        near = difflib.get_close_matches(choice["got"].strip("'"), among, n=1, cutoff=0.6)
+        fix = f"did you mean {near[0]}?" if near else said
+        return f"{names}: expected one of {', '.join(among)}, got {choice['got']}; {fix}"
+    if what.startswith("expected") and "argument" in what:  # "expected one argument"
+        return f"{names}: expected a value after it, got none; e.g. {action.option_strings[-1]} " \
+               f"{_shown(action)}; {said}"
+    return f"{names}: {what}; {said}"
+
+
+def _taken(parser: argparse.ArgumentParser, words: list[str] | None) -> str:
+    """" (--json took 'train.py' as its value)" when an option of the parser that takes a
+    value was given a .py file; "" otherwise."""
+    takes = {name for a in parser._actions if a.nargs != 0 for name in a.option_strings}
+    for before, word in zip(words or [], (words or [])[1:]):
+        if before in takes and word.endswith(".py"):
+            return f" ({before} took {word!r} as its value)"
+    return ""
+
+
+def _where(parser: argparse.ArgumentParser, help_says: str) -> str:
+    """Where the options are listed: "labutils grade --help", "%%torchrun?"."""
+    return f"{parser.prog} {help_says}" if help_says.startswith("-") else help_says
+
+
+def _shown(action: argparse.Action) -> str:
+    """An argument as a usage line shows it: its metavar, else its name in capitals for
+    an option, as it is for a positional; "..." after one that takes several."""
+    name = str(action.metavar) if action.metavar else \
+        action.dest.upper() if action.option_strings else action.dest
+    return f"{name} ..." if action.nargs in ("+", "*", argparse.REMAINDER) else name
 
 
 def command_line_error(exc: InputError) -> str:
