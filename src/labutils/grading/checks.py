@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,12 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labutils.errors import real_number
+from labutils.runtime.frames import Frame, dump_frames, traceback_frames
 
 if TYPE_CHECKING:
     from labutils.run.hang import Hang
 
-_FAULTHANDLER_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ', re.M)
-_TRACEBACK_FRAME = re.compile(r'^\s*File "(.*)", line (\d+)', re.M)
 DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_RUN_TIMEOUT = 90.0
 # When a learner sees a check's result, in Gradescope's words: at once, never, after the
@@ -252,12 +250,12 @@ class Run:
     # The launcher names the line of the script it launched: a harness or the probe.
     # The learner wants the innermost line of the files they edit (any of their
     # folder's files if the lab does not say which).
-    def _spot(self, frames: list[tuple[str, str]]) -> str:
+    def _spot(self, frames: list[Frame]) -> str:
         """'file:line' of the innermost frame in the learner's files; frames innermost first."""
-        mine = [(f, line) for f, line in frames if self._is_learner_file(f)]
-        edited = [(f, line) for f, line in mine if Path(f).name in self.edit] if self.edit else []
-        for f, line in edited or mine:
-            return f"{Path(f).name}:{line}"
+        mine = [f for f in frames if self._is_learner_file(f.file)]
+        edited = [f for f in mine if Path(f.file).name in self.edit] if self.edit else []
+        for f in edited or mine:
+            return f"{Path(f.file).name}:{f.line}"
         return ""
 
     def _is_learner_file(self, filename: str) -> bool:
@@ -278,11 +276,11 @@ class Run:
 
     def _learner_frame(self, stack_text: str) -> str:
         """From a faulthandler dump (every thread, innermost frame first)."""
-        return self._spot(_FAULTHANDLER_FRAME.findall(stack_text))
+        return self._spot(dump_frames(stack_text))
 
     def _learner_frame_from_traceback(self, tb: str) -> str:
         """From a Python traceback (outermost frame first)."""
-        return self._spot(list(reversed(_TRACEBACK_FRAME.findall(tb))))
+        return self._spot(list(reversed(traceback_frames(tb))))
 
     def summary(self) -> dict:
         res = self.result

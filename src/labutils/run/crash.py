@@ -21,8 +21,8 @@ import linecache
 import re
 
 from labutils.run.diagnosis import Failure
-from labutils.run.hang import Frame, parse_faulthandler
-from labutils.runtime.frames import is_library, script_depth
+from labutils.run.hang import parse_faulthandler
+from labutils.runtime.frames import Frame, is_library, script_depth
 from labutils.runtime.runfiles import short_path
 
 _THROWN_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")

@@ -10,12 +10,12 @@ that failed on its own; the others are marked as victims.
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from labutils.run.hang import COLLECTIVE_FILES, Frame, rank_list, verb_for, where_text
+from labutils.run.hang import COLLECTIVE_FILES, rank_list, verb_for, where_text
+from labutils.runtime.frames import traceback_frames
 
 # Messages of ranks that failed only because a peer went away first.
 _VICTIM_PATTERNS = (
@@ -38,7 +38,6 @@ _TIMEOUT_PATTERNS = (
     "watchdog caught collective operation timeout",
     "collective operation timeout",
 )
-_TRACEBACK_FRAME_RE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$', re.M)
 
 
 def looks_like_victim(message: str) -> bool:
@@ -56,8 +55,7 @@ def is_collective_timeout(message: str) -> bool:
 def collective_in(traceback: str) -> str:
     """The torch.distributed call a Python traceback ends in ('' if none): the outermost
     frame in distributed_c10d.py is the public function the script called."""
-    frames = [Frame(f, int(line), func.strip()) for f, line, func in
-              _TRACEBACK_FRAME_RE.findall(traceback)]
+    frames = traceback_frames(traceback)
     names = [fr.func for fr in frames if fr.file.endswith(COLLECTIVE_FILES)]
     if names:
         return names[0]

@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labutils.runtime.frames import is_library, script_depth
+from labutils.runtime.frames import Frame, dump_frames, is_library, script_depth
 from labutils.runtime.runfiles import relative_path, short_path
 
 # The module whose outermost frame is the torch.distributed call a script made.
@@ -37,15 +37,6 @@ def where_text(path: str | None) -> str:
 
 
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    func: str
-
 
 def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
     """The main thread's frames (innermost first) from a faulthandler dump.
@@ -65,9 +56,9 @@ def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
             else:
                 order.append(tid)
             continue
-        m = _FRAME_RE.match(line)
-        if m and current is not None:
-            current.append(Frame(m.group(1), int(m.group(2)), m.group(3).strip()))
+        frame = dump_frames(line)
+        if frame and current is not None:
+            current.append(frame[0])
     if main_tid is not None and main_tid in threads:
         return threads[main_tid]
     return threads[order[0]] if order else []

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from labutils.runtime import runfiles
-from labutils.runtime.frames import script_depth
+from labutils.runtime.frames import DUMP_FRAME, script_depth
 
 READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
 
@@ -82,7 +82,6 @@ def decode(line: bytes) -> str:
 
 
 _DUMP_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
-_DUMP_FRAME_RE = re.compile(r'^\s+File "(.*)", line \d+ in ')
 
 
 class FatalDumpCut:
@@ -108,7 +107,7 @@ class FatalDumpCut:
                 out += self._flush()
                 self.block = [line]
                 continue
-            elif self.block is not None and _DUMP_FRAME_RE.match(line):
+            elif self.block is not None and DUMP_FRAME.match(line):
                 self.block.append(line)
                 continue
             elif self.in_dump:
@@ -125,7 +124,7 @@ class FatalDumpCut:
         if not block:
             return []
         frames = block[1:]
-        depth = script_depth([m.group(1) for f in frames if (m := _DUMP_FRAME_RE.match(f))])
+        depth = script_depth([m["file"] for f in frames if (m := DUMP_FRAME.match(f))])
         self.dropped = bool(frames) and depth == 0
         if self.dropped:
             return []  # a thread of the bootstrap, not of the script

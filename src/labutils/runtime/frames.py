@@ -1,7 +1,9 @@
-"""Whose code a stack frame is in: the bootstrap's, a library's, or the learner's.
+"""Stack frames: how tracebacks and faulthandler dumps write them, and whose code a
+frame is in (the bootstrap's, a library's, or the learner's).
 
 The worker uses this to cut its own frames from a rank's exception, the diagnosis
-to find the line a hung or failed rank was on; both read the same file names.
+to find the line a hung or failed rank was on, the grader to name a learner's line;
+all read frames with the same patterns and the same file names.
 """
 
 from __future__ import annotations
@@ -10,6 +12,39 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a stack: its file, line and function ("" where the text gives none)."""
+
+    file: str
+    line: int
+    func: str
+
+
+# A frame as a Python traceback writes it, '  File "train.py", line 12, in main' (a
+# SyntaxError's location has no ", in"), and as a faulthandler dump (a hang's stacks, a
+# fatal signal) writes it, '  File "train.py", line 12 in main'. Matched line by line
+# (match) or in a whole text (finditer: re.M).
+TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+)(?:, in (?P<func>.*))?$', re.M)
+DUMP_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$', re.M)
+
+
+def traceback_frames(text: str) -> list[Frame]:
+    """The frames of the Python tracebacks in text, in the text's order (outermost first)."""
+    return [_frame(m) for m in TRACEBACK_FRAME.finditer(text)]
+
+
+def dump_frames(text: str) -> list[Frame]:
+    """The frames of the faulthandler dumps in text, in the text's order (innermost first
+    in each thread)."""
+    return [_frame(m) for m in DUMP_FRAME.finditer(text)]
+
+
+def _frame(m: re.Match) -> Frame:
+    return Frame(m["file"], int(m["line"]), (m["func"] or "").strip())
+
 
 _RUNTIME = os.path.dirname(os.path.abspath(__file__))
 # The loop a persistent world's ranks run the notebook's cells in (labutils/cells.py).
@@ -51,7 +86,6 @@ def script_depth(files: list[str]) -> int:
 # call last):\n  File ...\nKeyError: 'item 3'" (torch/_utils.py, ExceptionWrapper).
 _CAUGHT = re.compile(r"Caught (?P<type>[\w.]+) (?P<where>in [^\n]+?)\.\n"
                      r"Original (?P<tb>Traceback \(most recent call last\):\n.*)", re.S)
-_FRAME = re.compile(r'  File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
 
 
 @dataclass(frozen=True)
@@ -76,7 +110,7 @@ def caught_elsewhere(message: str) -> Caught | None:
     frames: list[tuple[str, int, str]] = []
     rest = len(lines)
     for i in range(start + 1, len(lines)):
-        frame = _FRAME.match(lines[i])
+        frame = TRACEBACK_FRAME.match(lines[i])
         if frame:
             source = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
             frames.append((frame["file"], int(frame["line"]), source))
