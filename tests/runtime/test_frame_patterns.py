@@ -7,7 +7,15 @@ from __future__ import annotations
 import faulthandler
 import traceback
 
-from labutils.runtime.frames import DUMP_FRAME, TRACEBACK_FRAME, Frame, dump_frames, traceback_frames
+from labutils.runtime.frames import (
+    DUMP_FRAME,
+    TRACEBACK_FRAME,
+    Frame,
+    dump_frames,
+    is_library,
+    learners_frame,
+    traceback_frames,
+)
 
 HERE = __file__
 
@@ -59,3 +67,21 @@ def test_each_pattern_leaves_the_other_forms_line_alone():
     assert DUMP_FRAME.match(dump_line) and not DUMP_FRAME.match(traceback_line)
     assert traceback_frames('  File "/w/a "quoted" name.py", line 3, in f') == [
         Frame('/w/a "quoted" name.py', 3, "f")]
+
+
+def test_the_learners_line_is_the_innermost_of_their_own_files(tmp_path):
+    """A lab's harness (ring_test.py) calls the learner's module (ring.py), which calls
+    torch: the line is ring.py's, not the harness's; labutils' own files (the grader's
+    probe, the course's helpers) count as a library's, however labutils is installed."""
+    import torch
+
+    import labutils.grading.probe as probe
+
+    harness, mine, torch_file = str(tmp_path / "ring_test.py"), str(tmp_path / "ring.py"), torch.__file__
+    assert learners_frame([harness, mine, torch_file], harness) == 1
+    assert learners_frame([probe.__file__, "<frozen runpy>", harness, mine, torch_file],
+                          probe.__file__) == 3
+    # nothing of the learner's on the stack: the script's own innermost frame, else none
+    assert learners_frame([probe.__file__, torch_file, probe.__file__], probe.__file__) == 2
+    assert learners_frame([torch_file], harness) is None
+    assert is_library(probe.__file__) and not is_library(mine)

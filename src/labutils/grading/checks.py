@@ -247,9 +247,10 @@ class Run:
             return f"failed: {f.ended_how()}: {message[:200]} (at {spot})"
         return f"ended with '{res.reason}'"
 
-    # The launcher names the line of the script it launched: a harness or the probe.
-    # The learner wants the innermost line of the files they edit (any of their
-    # folder's files if the lab does not say which).
+    # The launcher names the innermost line of any file outside the libraries: in a
+    # lab's folder that may be a harness of the lab's. The learner wants the innermost
+    # line of the files they edit (any of their folder's files if the lab does not say
+    # which).
     def _spot(self, frames: list[Frame]) -> str:
         """'file:line' of the innermost frame in the learner's files; frames innermost first."""
         mine = [f for f in frames if self._is_learner_file(f.file)]

@@ -11,12 +11,11 @@ same parser.
 from __future__ import annotations
 
 import linecache
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labutils.runtime.frames import Frame, dump_frames, is_library, script_depth
+from labutils.runtime.frames import Frame, dump_frames, learners_frame, script_depth
 from labutils.runtime.runfiles import relative_path, short_path
 
 # The module whose outermost frame is the torch.distributed call a script made.
@@ -65,15 +64,10 @@ def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
 
 
 def user_frame(frames: list[Frame], script: str | None) -> Frame | None:
-    """The innermost frame in the learner's script, else the innermost outside libraries."""
-    script_abs = os.path.abspath(script) if script else None
-    for fr in frames:
-        if script_abs and os.path.abspath(fr.file) == script_abs:
-            return fr
-    for fr in frames:
-        if not is_library(fr.file):
-            return fr
-    return frames[0] if frames else None
+    """The learner's line of a stack (frames innermost first; frames.learners_frame),
+    else its innermost frame."""
+    mine = learners_frame([fr.file for fr in reversed(frames)], script)
+    return frames[len(frames) - 1 - mine] if mine is not None else frames[0] if frames else None
 
 
 def collective_of(frames: list[Frame], at: Frame | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -47,8 +48,9 @@ def _frame(m: re.Match) -> Frame:
 
 
 _RUNTIME = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(_RUNTIME)  # labutils, installed or (as in the course) editable
 # The loop a persistent world's ranks run the notebook's cells in (labutils/cells.py).
-_CELLS = os.path.join(os.path.dirname(_RUNTIME), "cells.py")
+_CELLS = os.path.join(_PACKAGE, "cells.py")
 
 
 def is_bootstrap(path: str) -> bool:
@@ -60,12 +62,29 @@ def is_bootstrap(path: str) -> bool:
 
 def is_library(path: str) -> bool:
     """A frame outside the learner's code: installed packages, the standard library,
-    frozen or generated code, labutils' own bootstrap."""
+    frozen or generated code, labutils itself (its bootstrap, the grader's probe, the
+    course's helpers), wherever it is installed."""
     return (
         "site-packages" in path or "dist-packages" in path or path.startswith("<")
         or "/lib/python3" in path or path.startswith((sys.base_prefix, sys.prefix))
-        or is_bootstrap(path)
+        or path.startswith(_PACKAGE + os.sep) or is_bootstrap(path)
     )
+
+
+def learners_frame(files: Sequence[str], script: str | None) -> int | None:
+    """Which frame of a stack is the learner's line: the index in files (each frame's
+    file, outermost first, as a traceback lists them) of the innermost frame in the
+    learner's own files, else of the innermost in the script, else None.
+
+    The innermost, not the script's: a lab's harness (ring_test.py) calls the learner's
+    module (ring.py), and the line that raised or waits is in the module; a grader's
+    run launches the probe, which runs the learner's script. The script counts where
+    nothing of the learner's is on the stack but it is (a script of labutils' own)."""
+    mine = [i for i, f in enumerate(files) if not is_library(f)]
+    if not mine and script:
+        script_abs = os.path.abspath(script)
+        mine = [i for i, f in enumerate(files) if os.path.abspath(f) == script_abs]
+    return mine[-1] if mine else None
 
 
 def script_depth(files: list[str]) -> int:

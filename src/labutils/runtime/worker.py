@@ -38,12 +38,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 from labutils.runtime import debugger, runfiles
-from labutils.runtime.frames import caught_elsewhere, is_bootstrap, is_library
+from labutils.runtime.frames import caught_elsewhere, is_bootstrap, learners_frame
 from labutils.runtime.procs import die_with_parent
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -55,7 +54,6 @@ _IO_BASE = io.IOBase.__mro__[1]  # _io._IOBase: the C class every file object de
 # What must outlive main(): the files faulthandler writes to, and the script's objects
 # (run_as_main keeps them).
 _keep_alive: list = []
-T = TypeVar("T")
 
 
 def _redirect_fd(fd: int, path: os.PathLike) -> None:
@@ -127,15 +125,6 @@ def _watch_progress(writer: runfiles.EventWriter, main_ident: int,
         last_sig, last_cpu = sig, cpu
 
 
-def _learners_frame(frames: Sequence[T], files: list[str], script: str) -> T | None:
-    """The innermost of frames (outermost first; files: each one's file) in the script,
-    else the innermost in the learner's other files, else None."""
-    script_abs = os.path.abspath(script)
-    mine = [i for i, f in enumerate(files) if os.path.abspath(f) == script_abs] \
-        or [i for i, f in enumerate(files) if not is_library(f)]
-    return frames[mine[-1]] if mine else None
-
-
 def describe_exception(exc: BaseException, script: str) -> dict:
     """The facts of an uncaught exception, with the bootstrap's frames removed."""
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
@@ -143,8 +132,8 @@ def describe_exception(exc: BaseException, script: str) -> dict:
     while frames and is_bootstrap(frames[0].filename):
         frames.pop(0)
     te.stack = traceback.StackSummary.from_list(frames)
-    where = _learners_frame(frames, [f.filename for f in frames], script)
-    where = where or (frames[-1] if frames else None)
+    mine = learners_frame([f.filename for f in frames], script)
+    where = frames[mine] if mine is not None else frames[-1] if frames else None
     if isinstance(exc, SyntaxError) and where is None:
         file, line = exc.filename, exc.lineno
     else:
@@ -157,9 +146,9 @@ def describe_exception(exc: BaseException, script: str) -> dict:
         # traceback (their Dataset), unless only library code ran there
         exc_type = caught.exc_type
         message = f"{caught.message} ({caught.where})" if caught.message else caught.where
-        inner = _learners_frame(caught.frames, [f[0] for f in caught.frames], script)
+        inner = learners_frame([f[0] for f in caught.frames], script)
         if inner is not None:
-            file, line, source = inner
+            file, line, source = caught.frames[inner]
     return {
         "exc_type": exc_type,
         "message": message,
