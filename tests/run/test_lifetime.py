@@ -142,6 +142,25 @@ def test_no_descendant_outlives_the_run(ending, trial, runs_dir, tmp_path, start
                 pass
 
 
+def test_a_stopped_rank_gets_one_sigterm(runs_dir, tmp_path):
+    """A rank writes its stacks as SIGTERM ends it (the timeout's and Stop's report of
+    where each rank was, a mismatch's collectives); a second SIGTERM while it writes
+    ends it mid-stack. The launcher, the keeper and torchrun's agent each sent one (the
+    agent two: it got two, and the keeper one every 20 ms): 1 rank's stacks in 20
+    runs were lost on a loaded machine. Now torchrun's agent sends the one. The ranks
+    here note each SIGTERM and live on, so the keeper's last resort follows when the
+    agent's grace is over (runtime/agent.py: AGENT_GRACE_S), then SIGKILL."""
+    from labutils.runtime.agent import AGENT_GRACE_S
+
+    script = SCRIPTS / "counts_sigterm.py"
+    result = launch(script, 2, args=[str(tmp_path)], display="none", hang_timeout=None, timeout=4)
+    assert result.reason == "timeout", result.summary()
+    for rank in (0, 1):
+        times = [float(t) for t in (tmp_path / f"rank{rank}.txt").read_text().split()]
+        assert times and [t for t in times if t - times[0] < AGENT_GRACE_S * 0.75] == times[:1], \
+            f"rank {rank}: SIGTERMs at {[round(t - times[0], 3) for t in times]} s"
+
+
 def test_the_tree_reaches_children_of_a_process_whose_main_thread_has_exited(tmp_path):
     """A torchrun agent winding down shows as a zombie while its other threads finish, and
     its ranks are still its children: the keeper must see through it (found in the suite:

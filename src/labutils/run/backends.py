@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import signal
 import subprocess
 import time
@@ -195,11 +196,18 @@ class LocalAgents(Backend):
         return bool(r.pid) and r.exit_code is None and pid_alive(cast(int, r.pid))
 
     def stop(self, ranks: list[int], reason: str, note) -> None:
-        """End every process: SIGTERM to the ranks and the keepers, which end whatever
-        is left below them (the ranks' own children and daemons included). A keeper is
+        """End every process: SIGTERM to each keeper, which ends whatever is below it
+        (runtime/agent.py end_tree: torchrun's agent ends its ranks, then the keeper the
+        ranks' own children and daemons), and to the ranks no keeper holds. Nothing
+        else here signals a rank a keeper holds: a rank writes its stacks as SIGTERM
+        ends it, and a second SIGTERM while it writes ends it mid-stack. A keeper is
         never SIGKILLed while it works: only one not done after KEEPER_WAIT_S is."""
         keepers = [cast("AgentProcess", a.proc) for a in self.agents if a.alive()]
-        signal_all([*ranks, *(k.pid for k in keepers)], signal.SIGTERM)
+        held = {pid for keeper in keepers for pid in tree(keeper.pid)}
+        for keeper in keepers:
+            with contextlib.suppress(OSError):  # the keeper alone, not its process group
+                os.kill(keeper.pid, signal.SIGTERM)
+        signal_all([pid for pid in ranks if pid not in held], signal.SIGTERM)
         deadline = time.monotonic() + KEEPER_WAIT_S
         for keeper in keepers:
             try:

@@ -148,18 +148,31 @@ def _unrecorded(agent: int, pids: set[int]) -> set[int]:
 def end_tree(agent: int, *, stopping: bool) -> int | None:
     """End every process below this one; the agent's wait status if it was reaped here.
 
-    Everything left gets SIGTERM. When stopping (the agent may still run), the ranks
-    (the agent's children) get up to AGENT_GRACE_S to go, and the agent to collect
-    them and record how each ended (record_endings: what a launcher following the run
-    folder from another machine reads); then the agent gets SIGKILL at once: it would
-    only wind down a rendezvous nobody needs. Whatever is still there TREE_GRACE_S
-    after the SIGTERM (a rank's child that ignores it, a daemon) gets SIGKILL until
-    nothing is left; processes forked meanwhile are found on the next pass.
+    Each process gets one SIGTERM, never a second: a rank writes its stacks as SIGTERM
+    ends it (worker._dump_on_sigterm), and a second SIGTERM while it writes ends it
+    there, its stacks cut short or not written (faulthandler's handler, chained to the
+    default action, lets the signal in again). When stopping (the agent may still run),
+    the agent gets its SIGTERM first, with everything outside its tree, and ends its
+    ranks itself (torchrun's close: one SIGTERM each, then it collects them and records
+    how each ended, record_endings: what a launcher following the run folder from
+    another machine reads); after AGENT_GRACE_S at most the agent gets SIGKILL: it would
+    only wind down a rendezvous nobody needs. Then whatever is left gets its SIGTERM,
+    and what is still there TREE_GRACE_S later (a rank's child that ignores it, a
+    daemon) SIGKILL until nothing is left; processes forked meanwhile are found on the
+    next pass.
     """
     me, status, start = os.getpid(), None, time.monotonic()
     ranks = set(children(agent))
-    _signal(tree(me), signal.SIGTERM)
+    termed: set[int] = set()
+
+    def terminate(pids: list[int]) -> None:
+        fresh = [pid for pid in pids if pid not in termed]
+        termed.update(fresh)
+        _signal(fresh, signal.SIGTERM)
+
     if stopping:
+        under_agent = set(tree(agent))
+        terminate([pid for pid in tree(me) if pid not in under_agent])  # the agent among them
         while time.monotonic() - start < AGENT_GRACE_S:
             status = _reap(agent) if status is None else status
             if status is not None or (not children(agent) and not _unrecorded(agent, ranks)):
@@ -167,13 +180,17 @@ def end_tree(agent: int, *, stopping: bool) -> int | None:
             time.sleep(0.02)
         if status is None:
             _signal([agent], signal.SIGKILL)
+    start = time.monotonic()
     for sig, until in ((signal.SIGTERM, TREE_GRACE_S), (signal.SIGKILL, TREE_GRACE_S + 5.0)):
         while True:
             status = _reap(agent) if status is None else status
             left = tree(me)
             if not left or time.monotonic() - start >= until:
                 break
-            _signal(left, sig)
+            if sig == signal.SIGTERM:
+                terminate(left)
+            else:
+                _signal(left, sig)
             time.sleep(0.02)
         if not left:
             break
