@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import linecache
 import math
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from labutils.course import selfcheck
 from labutils.course.tables import significant, text_table
 from labutils.course.timing import algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes
+from labutils.runtime.frames import dump_frames
 
 HERE = Path(__file__).parent
 
@@ -56,16 +56,13 @@ def show_source(name: str, file: str = "ring.py") -> None:
     raise LookupError(f"no function {name} in {file}")
 
 
-_FRAME_RE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\w+)')
-
-
 def frame_in(stack: str, file: str) -> str:
     """The innermost frame of a hang report's stack that lies in ``file``, as
     'file:line in func()' followed by the source line."""
-    for m in _FRAME_RE.finditer(stack):
-        if Path(m["file"]).name == file:
-            source = linecache.getline(m["file"], int(m["line"])).strip()
-            return f"{file}:{m['line']} in {m['func']}(): {source}"
+    for frame in dump_frames(stack):
+        if Path(frame.file).name == file:
+            source = linecache.getline(frame.file, frame.line).strip()
+            return f"{file}:{frame.line} in {frame.func}(): {source}"
     return f"(no frame in {file})"
 
 
