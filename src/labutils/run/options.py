@@ -326,7 +326,7 @@ def _flag_names(option: Option) -> str:
 # argparse's messages (Python 3.10 to 3.13), read by parser_error_line.
 _ARGUMENT = re.compile(r"argument (?P<names>.+?): (?P<what>.*)$", re.S)
 _INVALID = re.compile(r"invalid (?P<type>\w+) value: (?P<got>.*)$", re.S)
-_CHOICE = re.compile(r"invalid choice: (?P<got>'.*?'|\S+)(?: \(choose from (?P<among>.*)\))?$", re.S)
+_CHOICE = re.compile(r"invalid choice: (?P<got>'.*?'|\S+)(?: \(choose from .*\))?$", re.S)
 _REQUIRED = re.compile(r"the following arguments are required: (?P<names>.*)$", re.S)
 _KINDS = {"int": "a whole number", "float": "a number"}
 
