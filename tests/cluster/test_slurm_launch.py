@@ -11,12 +11,14 @@ import json
 
 import subprocess
 import textwrap
+import threading
 
 import pytest
 
 from labutils import launch
 from labutils.notebook.display import Display, TextDisplay
 from labutils.errors import LaunchConfigError
+from helpers import SCRIPTS
 from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (the session's local cluster)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -118,6 +120,70 @@ def test_stop_cancels_the_job_and_leaves_nothing(slurm_cluster, job, tmp_path):
     assert str(job) not in ps  # no node launcher, agent or rank of the job is left
 
 
+class _StopWhen(Display):
+    """Presses Stop once ready() holds (checked at each line and tick), a second later;
+    keeps the notes."""
+
+    def __init__(self, ready) -> None:
+        super().__init__()
+        self.ready = ready
+        self.notes: list[str] = []
+        self.started: set[int] = set()
+
+    def lines(self, rank, stream, lines):
+        self.started |= {rank for line in lines if line == "started"}
+        self.tick()
+
+    def tick(self):
+        if self.ready(self) and not self.stop_requested.is_set():
+            threading.Timer(1.0, self.stop_requested.set).start()
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_a_stopped_jobs_ranks_get_one_sigterm_each(slurm_cluster, tmp_path):
+    """Each node stops its own ranks through stop.json before anything is cancelled:
+    one SIGTERM per rank, from its torchrun agent (scancel alone sends one to every
+    process of the job at once: a rank got three within 12 ms, and a second one while
+    it writes its stacks ends it mid-stack). The ranks note each SIGTERM and live on, so
+    the keeper's last resort follows once the agent's grace is over, then SIGKILL."""
+    from labutils.runtime.agent import AGENT_GRACE_S
+
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    display = _StopWhen(lambda d: all((counts / f"rank{r}.txt").exists() for r in (0, 1)))
+    result = launch(SCRIPTS / "counts_sigterm.py", args=[str(counts)], scheduler="slurm",
+                    log_dir=tmp_path / "runs", display=display, hang_timeout=None,
+                    timeout=180, **_layout(slurm_cluster))
+    assert result.reason == "stopped", result.summary()
+    for rank in (0, 1):
+        times = [float(t) for t in (counts / f"rank{rank}.txt").read_text().split()]
+        assert times and [t for t in times if t - times[0] < AGENT_GRACE_S * 0.75] == times[:1], \
+            f"rank {rank}: SIGTERMs at {[round(t - times[0], 3) for t in times]} s"
+    assert not any("scancel" in n for n in display.notes), display.notes
+    assert not slurm_queue().strip()
+
+
+def test_a_stopped_job_says_where_each_rank_was(slurm_cluster, tmp_path):
+    """The stacks each rank wrote as its SIGTERM ended it, read across the nodes' shared
+    run folder, as for a local run (tests/run/test_launcher.py)."""
+    script = SCRIPTS / "waits_for_a_flag.py"
+    lines = script.read_text().splitlines()
+    loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
+                     for tag in ("# waits here", "# rank 0 waits here"))
+    result = launch(script, scheduler="slurm", log_dir=tmp_path / "runs", hang_timeout=None,
+                    display=_StopWhen(lambda d: d.started == {0, 1}), timeout=180,
+                    **_layout(slurm_cluster))
+    assert result.reason == "stopped" and result.at_stop is not None, result.summary()
+    at = result.at_stop
+    waiting = {rank: where.rsplit("/", 1)[-1] for rank, where in at.waiting.items()}
+    assert (waiting, at.calls, at.stragglers) == (
+        {0: f"waits_for_a_flag.py:{barrier}", 1: f"waits_for_a_flag.py:{loop + 1}"},
+        {0: "barrier", 1: ""}, [1]), result.summary()
+    assert "where each rank was when the run was stopped:" in result.summary()
+
+
 @pytest.mark.parametrize("kwargs, what", [
     (dict(scheduler="pbs"), "scheduler"),
     (dict(slurm={"partition": "debug"}), "slurm"),
@@ -143,25 +209,49 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_ctrl_c_on_the_cli_cancels_the_job(slurm_cluster, job, tmp_path):
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_on_the_cli_ends_the_job(slurm_cluster, job, tmp_path, presses):
+    """One Ctrl-C: the nodes stop their own ranks (stop.json), each rank's stacks say
+    where it was (waits_for_a_flag.py: each waits at its line), nothing is cancelled. A
+    second one while they do: scancel at once. For that case the ranks ignore SIGTERM
+    (counts_sigterm.py), so the nodes take the agent's grace and the keeper's (3 s) to
+    end them, and the second press comes first."""
     import signal
     import sys
 
     layout = _layout(slurm_cluster)
     runs = tmp_path / "runs"
+    script, args = ((SCRIPTS / "waits_for_a_flag.py", []) if presses == 1 else
+                    (SCRIPTS / "counts_sigterm.py", [str(tmp_path)]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "labutils.cli", "launch", "-n", str(layout["nproc"]),
          "--nnodes", str(layout["nnodes"]), "--scheduler", "slurm", "--time-limit", "00:05:00",
-         "--log-dir", str(runs), "--json", str(tmp_path / "s.json"), str(job), "--", "slow"],
+         "--log-dir", str(runs), "--json", str(tmp_path / "s.json"), str(script), "--", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: list(runs.glob("*/rank1/events.jsonl")) and
-              '"record"' in next(runs.glob("*/rank1/events.jsonl")).read_text(), 120,
-              "rank 1's first record")
+    if presses == 1:
+        _wait_for(lambda: sum("started" in p.read_text() for p in runs.glob("*/rank*/stdout.log")) == 2,
+                  120, "both ranks in their waits")
+    else:
+        _wait_for(lambda: all((tmp_path / f"rank{r}.txt").exists() for r in (0, 1)), 120,
+                  "both ranks' SIGTERM handlers")
     proc.send_signal(signal.SIGINT)
+    if presses == 2:
+        _wait_for(lambda: list(runs.glob("*/stop.json")), 30, "stop.json")
+        proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out
-    assert "cancelling SLURM job" in out
     assert not slurm_queue().strip()
+    if presses == 1:
+        assert "cancelling SLURM job" not in out, out
+        lines = script.read_text().splitlines()
+        loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
+                         for tag in ("# waits here", "# rank 0 waits here"))
+        at = [ln.strip() for ln in out.splitlines() if " was at " in ln]
+        assert [ln.split(" was at ")[0] for ln in at] == ["rank 0", "rank 1"], out
+        assert f"{script.name}:{barrier} in barrier()" in at[0], out
+        assert at[1].endswith(f"{script.name}:{loop + 1}    time.sleep(0.05)"), out
+    else:
+        assert "cancelling SLURM job" in out, out
 
 
 def test_a_killed_launcher_does_not_leave_its_job_running(slurm_cluster, job, tmp_path):

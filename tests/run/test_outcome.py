@@ -232,3 +232,39 @@ def test_a_sigterm_exit_code_assumed_when_closing_an_attempt_is_no_root_cause(tm
     entry = outcome.close_attempt(state, state.fold.current, 2, alive=lambda r: False)
     assert entry["failed_rank"] == 1 and entry["why"].startswith("SIGTERM: killed by SIGTERM")
     assert entry["exit_codes"] == {"0": -signal.SIGTERM, "1": -signal.SIGTERM}
+
+
+def test_a_rank_that_raised_as_the_job_was_stopped_is_placed_at_its_exception(tmp_path):
+    """Across nodes each node stops its own ranks: rank 1 (node1) was stopped first, and
+    rank 0 (node0), waiting for it in all_reduce, raised "Connection closed by peer"
+    before its own SIGTERM came, which then dumped only its winding down (found under
+    SLURM on a loaded machine: "rank 0 was at unknown"). Where it was is its exception's
+    line; rank 1's is the stack its SIGTERM dumped."""
+    script = tmp_path / SCRIPT
+    raised = {**_gloo_error(2.1), "traceback": (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 9, in <module>\n    dist.all_reduce(x)\n'
+        '  File ".../site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+        "    return func(*args, **kwargs)\n"
+        '  File ".../site-packages/torch/distributed/distributed_c10d.py", line 3000, in all_reduce\n'
+        "    work.wait()\nRuntimeError: Connection closed by peer [127.0.0.1]:1234\n")}
+    state = _state(tmp_path, {0: [{**_start(0, 1.0), "node": "node0"}, raised],
+                              1: [{**_start(1, 1.0), "node": "node1"}]},
+                   [{"host": "vm", "pid": 101, "code": -signal.SIGTERM, "t": 2.0},
+                    {"host": "vm", "pid": 100, "code": -signal.SIGTERM, "t": 2.2}],
+                   reason=Ending.STOPPED)
+    state.shared = True
+    script.write_text("".join(f"line_{n} = {n}\n" for n in range(1, 9)) + "dist.all_reduce(x)\n")
+    worker = os.path.normpath(os.path.join(os.path.dirname(outcome.__file__), "..", "runtime", "worker.py"))
+    for rank, frames in ((0, [(worker, 344, "_wind_down"), (worker, 467, "<module>")]),
+                         (1, [(str(script), 5, "<module>")])):
+        folder = tmp_path / f"rank{rank}"
+        folder.mkdir(exist_ok=True)
+        (folder / "ended-stacks.txt").write_text(
+            "Current thread 0x0000000000000001 (most recent call first):\n" +
+            "".join(f'  File "{f}", line {n} in {func}\n' for f, n, func in frames))
+    at = outcome.final_result(state, now=5.0).result.at_stop
+    assert at is not None
+    assert ({r: w.rsplit("/", 1)[-1] for r, w in at.waiting.items()}, at.calls, at.sources) == (
+        {0: f"{SCRIPT}:9", 1: f"{SCRIPT}:5"}, {0: "all_reduce", 1: ""},
+        {0: "dist.all_reduce(x)", 1: "line_5 = 5"})

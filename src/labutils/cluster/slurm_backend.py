@@ -24,7 +24,7 @@ from labutils.run.warm import Start
 from labutils.runtime.procs import free_port
 
 SLURM_POLL_S = 0.5
-NODES_STOP_S = 10.0  # how long the nodes may take to stop their ranks after a node failed
+NODES_STOP_S = 10.0  # how long the nodes may take to stop their own ranks before scancel
 SLURM_RUNNING = (None, "RUNNING", "COMPLETING", "CONFIGURING")
 SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 _SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "job_name")
@@ -37,8 +37,8 @@ class SlurmBackend(Backend):
     per node of the allocation, each one node of a multi-node job (node rank
     $SLURM_NODEID, rendezvous at the first node) writing into this run folder; the
     nodes must share it with this machine, as home and project folders are on SLURM
-    clusters. Stop, interrupt, timeout and hang end the job with stop.json and
-    scancel, waiting until it has left the queue.
+    clusters. Stop, interrupt, timeout and hang end the job with stop.json (each node
+    stops its own ranks), then scancel what is left, waiting until it has left the queue.
     """
 
     shared = True  # the ranks run on the cluster's nodes
@@ -58,6 +58,7 @@ class SlurmBackend(Backend):
         self._state_at = 0.0
         self._lease_at = 0.0
         self._exit_code: int | None = None
+        self._stop_asked = False
 
     @classmethod
     def check_request(cls, spec: LaunchSpec, options: dict | None) -> None:
@@ -121,28 +122,36 @@ class SlurmBackend(Backend):
             return True
         if now - self._state_at >= SLURM_POLL_S:
             self._state_at = now
-            state = self.job.state()
-            if state != self.state:
-                self.state = state
-                note(f"SLURM job {self.job.job_id}: {state}")
+            self._read_state(note)
         return self.state not in ACTIVE_STATES
+
+    def _read_state(self, note) -> None:
+        assert self.job is not None
+        state = self.job.state()
+        if state != self.state:
+            self.state = state
+            note(f"SLURM job {self.job.job_id}: {state}")
 
     def rank_alive(self, r: RankState) -> bool:
         return r.exit_code is None and not self.nodes.done(r.node) and self.state in SLURM_RUNNING
 
     def stop(self, ranks: list[int], reason: str, note) -> None:
-        """End the job: at once when it ends early (stop, interrupt, timeout, hang: the
-        nodes read stop.json); after a node failed, once the other nodes had
-        NODES_STOP_S to stop their ranks themselves (run/nodes.py: failed_elsewhere) and
-        record how each ended, which scancel would cut short by ending their keepers
-        too (a victim would show no exit code)."""
+        """End the job, the nodes first: each stops its own ranks, so that every rank gets
+        one SIGTERM, from its torchrun agent, and writes its stacks whole (where each
+        rank was at a timeout or Stop), and records how each ended (a victim's exit
+        code). After an early ending (stop, interrupt, timeout, hang) they read
+        stop.json, after a node failed they see it (run/nodes.py: failed_elsewhere).
+        What is still in the queue after NODES_STOP_S is cancelled (scancel: SIGTERM to
+        every process of the job at once, which would end a rank in the middle of
+        its stacks, SIGKILL after KillWait); on a second call (a second Ctrl-C) at once."""
         if self.job is None or reason == "ok":
             return
-        deadline = time.monotonic() + (NODES_STOP_S if reason == "failed" else 0.0)
+        deadline = time.monotonic() + (0.0 if self._stop_asked else NODES_STOP_S)
+        self._stop_asked = True
         while self.state not in SLURM_ENDED and time.monotonic() < deadline:
             time.sleep(SLURM_POLL_S)
             try:
-                self.state = self.job.state()
+                self._read_state(note)
             except SlurmError:
                 break
         if self.state not in SLURM_ENDED:

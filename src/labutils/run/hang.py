@@ -13,6 +13,7 @@ from __future__ import annotations
 import linecache
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from labutils.runtime.frames import Frame, dump_frames, learners_frame, script_depth
@@ -126,7 +127,7 @@ class Hang:
 
 
 def analyse_hang(
-    dumps: dict[int, str],
+    dumps: Mapping[int, str | list[Frame]],
     main_tids: dict[int, int | None],
     script: str | None,
     *,
@@ -134,16 +135,19 @@ def analyse_hang(
     silent_s: float = 0.0,
     lingering: dict[int, str] | None = None,
 ) -> Hang:
-    """Turn per-rank faulthandler dumps into waiting lines and stragglers. lingering:
-    rank -> how its script ended, for ranks whose script ended but whose process runs on."""
+    """Turn per-rank faulthandler dumps into waiting lines and stragglers. A rank's dump
+    may also be its frames, innermost first (the traceback of the exception it raised as
+    the run was stopped). lingering: rank -> how its script ended, for ranks whose
+    script ended but whose process runs on."""
     stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
     for rank in sorted(dumps):
-        frames = parse_faulthandler(dumps[rank], main_tids.get(rank))
+        dump = dumps[rank]
+        frames = dump if isinstance(dump, list) else parse_faulthandler(dump, main_tids.get(rank))
         frames = frames[:script_depth([f.file for f in frames])]  # what runs the script
         frames_of[rank] = frames
         stacks[rank] = "\n".join(
             f'  File "{short_path(f.file)}", line {f.line} in {f.func}' for f in frames
-        ) or dumps[rank].strip() or "(no stack received)"
+        ) or (dump.strip() if isinstance(dump, str) else "") or "(no stack received)"
         at = user_frame(frames, script)
         waiting[rank] = f"{where_text(at.file)}:{at.line}" if at else "unknown"
         calls[rank] = collective_of(frames, at)

@@ -41,6 +41,7 @@ from labutils.run.spec import LaunchSpec, public_fault
 from labutils.run.states import LIVE, Ending, RankStatus
 from labutils.run.streams import RankOutput
 from labutils.runtime import runfiles
+from labutils.runtime.frames import Frame, traceback_frames
 from labutils.runtime.procs import ownership_mode
 
 STACK_WAIT_S = 3.0
@@ -272,16 +273,25 @@ def positions_at_stop(state: RunState, members: list[RankState],
                       codes: dict[int, int | None]) -> Hang | None:
     """Where each rank was when the launcher stopped the run (a timeout, Stop, an
     interrupt), from the stacks it dumped on SIGTERM (runfiles.ended_stacks_path), read as
-    a hang report is; None when no rank that SIGTERM ended left one."""
-    dumps = {}
+    a hang report is; None when no rank that SIGTERM ended left one.
+
+    A rank that raised first is placed at its exception's line: across nodes, each node
+    stops its own ranks, and a rank whose peer on another node was stopped a moment
+    earlier fails in its collective ("Connection closed by peer") before its own
+    SIGTERM comes, which then dumps only the rank's last steps of winding down."""
+    dumps: dict[int, str | list[Frame]] = {}
     for r in members:
+        raised = r.exceptions.get(state.fold.index, {}).get("traceback")
+        if raised and (frames := traceback_frames(raised)):
+            dumps[r.rank] = frames[::-1]
+            continue
         if codes.get(r.rank) != -signal.SIGTERM:
             continue
         try:
             dumps[r.rank] = runfiles.ended_stacks_path(state.run_dir, r.rank).read_text(errors="replace")
         except OSError:
             continue
-    if not any(text.strip() for text in dumps.values()):
+    if not any(isinstance(dump, str) and dump.strip() for dump in dumps.values()):
         return None
     return analyse_hang(dumps, {r.rank: r.main_tid for r in members}, str(state.spec.script))
 
