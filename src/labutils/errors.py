@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import TypeGuard
 
 
@@ -23,6 +25,48 @@ def real_number(value: object) -> bool:
         value: what a caller passed where a quantity is expected.
     """
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def cannot_write(path: str | os.PathLike, *, folder: bool = True) -> str | None:
+    """Why this process cannot write into the folder at path (folder=True) or a file at
+    path (folder=False), in a few words, after making the folder (or the file's folder)
+    with its parents; None when it can. For the one-line errors of the options that
+    say where output goes (log_dir, --out).
+
+    Args:
+        path: the folder, or the file, as the user gave it.
+        folder: whether path is a folder to write into rather than a file to write.
+    """
+    target = Path(path)
+    where = target if folder else target.parent
+    above = where
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{above} is a file"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not folder and target.is_dir():
+        return "a folder is there"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"{where} is not writable by this user"
+    return None
+
+
+def write_out(path: str | os.PathLike, text: str) -> None:
+    """Write a command's --out file (a batch script, a manifest), its folder made if need
+    be; InputError, one line, where it cannot be written."""
+    why = cannot_write(path, folder=False)
+    if why is None:
+        try:
+            Path(path).write_text(text)
+            return
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    raise InputError("--out", expected="a file in a folder this user can write",
+                     given=f"{path} ({why})", fix="pass another --out, or leave it out to print it")
 
 
 class LabutilsError(Exception):

@@ -363,6 +363,13 @@ def test_labutils_export_writes_a_canvas_gradebook_csv(tmp_path):
                           "--assignment", "Lab 01", "--match", "Email"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no column 'Email'" in bad.stderr and bad.stderr.count("\n") == 1
+    roster = tmp_path / "roster.csv"
+    bad = subprocess.run([*LABUTILS, "export", str(grades), "--roster", str(roster),
+                          "--assignment", "Lab 01 (77)", "--out", str(roster / "canvas.csv")],
+                         capture_output=True, text=True, timeout=120)
+    assert (bad.returncode, bad.stderr) == (2, (
+        f"labutils export: --out {roster / 'canvas.csv'}: cannot write the CSV there ({roster} is "
+        "a file); expected a .csv in a folder this user can write, e.g. --out canvas.csv\n"))
 
 
 def _canvas_zip(path: Path, files: dict[str, str]) -> Path:

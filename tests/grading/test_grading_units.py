@@ -363,7 +363,7 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert "cannot grade" in capsys.readouterr().err
     assert cli(["grade", str(lab), str(lab), "--out", "/proc/no/such"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "labutils grade: --out /proc/no/such: cannot make the folder (No such file or directory); "
+        "labutils grade: --out /proc/no/such: cannot write there (No such file or directory); "
         "expected a folder this user can write, e.g. --out grades"]
     assert cli(["grade", str(tmp_path), str(lab), "--out", str(tmp_path / "o")]) == 2
     with pytest.raises(GradingError, match="jobs"):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from labutils.cluster.pytorchjob import CONTAINER_COURSE_DIR, RENDEZVOUS_PORT, pytorchjob, to_yaml
 from labutils.cluster.pytorchjob_checks import LAUNCHERS, RESTART_POLICIES
-from labutils.errors import InputError, in_flag_words
+from labutils.errors import InputError, in_flag_words, write_out
 
 __all__ = ["CONTAINER_COURSE_DIR", "RENDEZVOUS_PORT", "pytorchjob", "to_yaml", "add_subcommand"]
 
@@ -85,7 +84,11 @@ def run_k8s(ns: argparse.Namespace) -> int:
     if ns.out is None:
         sys.stdout.write(text)
         return 0
-    Path(ns.out).write_text(text)
+    try:
+        write_out(ns.out, text)
+    except InputError as exc:
+        print(f"labutils k8s: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {ns.out}: submit with kubectl apply -f {ns.out}")
     return 0
 

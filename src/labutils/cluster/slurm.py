@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from labutils.cluster.sbatch import (
     NodeCommand,
@@ -31,7 +30,7 @@ from labutils.cluster.sbatch import (
     torchrun_node_command,
 )
 from labutils.cluster.slurm_job import ACTIVE_STATES, SlurmError, SlurmJob, check_cluster
-from labutils.errors import InputError, in_flag_words
+from labutils.errors import InputError, in_flag_words, write_out
 
 __all__ = [
     "ACTIVE_STATES", "NodeCommand", "NodeValues", "ShellRef", "SlurmError", "SlurmJob",
@@ -95,7 +94,7 @@ def run_subcommand(ns: argparse.Namespace) -> int:
             time_limit=ns.time, cpus_per_task=ns.cpus_per_task, gpus_per_node=ns.gpus_per_node,
             output=ns.job_output, run_dir=ns.run_dir, rdzv_port=ns.port, python=ns.python)
         if ns.out:
-            Path(ns.out).write_text(text)
+            write_out(ns.out, text)
         elif not ns.submit:
             sys.stdout.write(text)
         if ns.submit:

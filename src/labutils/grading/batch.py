@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labutils.errors import GradingError, real_number, whole_number
+from labutils.errors import GradingError, cannot_write, real_number, whole_number
 from labutils.grading import procs, report
 
 LAB_CONFIG = "lab.json"
@@ -338,11 +338,10 @@ def grade(
     if timeout is not None and not (real_number(timeout) and timeout > 0):
         raise GradingError(f"timeout: expected seconds > 0 for each notebook, got {timeout!r}; pass "
                            "e.g. --timeout 600, or leave it out for the lab's own deadline")
-    try:
-        Path(out_dir).resolve().mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GradingError(f"--out {out_dir}: cannot make the folder ({exc.strerror}); expected a "
-                           "folder this user can write, e.g. --out grades") from None
+    why = cannot_write(Path(out_dir).resolve())
+    if why:
+        raise GradingError(f"--out {out_dir}: cannot write there ({why}); expected a "
+                           "folder this user can write, e.g. --out grades")
     if any(p.suffix == ".zip" for p in paths):  # Canvas's Download Submissions zip
         from labutils.grading.export import unpack_canvas
 

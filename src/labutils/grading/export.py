@@ -26,7 +26,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from labutils.errors import GradingError
+from labutils.errors import GradingError, cannot_write
 from labutils.grading.report import write_atomic
 
 CANVAS_STUDENT_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -248,6 +248,10 @@ def _export(ns) -> int:
                                          match=match, points=ns.points, complete=ns.complete,
                                          missing_zero=ns.missing_zero)
     out = Path(ns.out) if ns.out else Path(ns.grades) / "canvas.csv"
+    why = cannot_write(out, folder=False)
+    if why:
+        raise GradingError(f"--out {out}: cannot write the CSV there ({why}); expected a .csv "
+                           "in a folder this user can write, e.g. --out canvas.csv")
     write_atomic(out, text)
     title = next(iter(results.values())).get("extra_data", {}).get("lab", "lab")
     write_summary(Path(ns.grades), list(results.values()), title)

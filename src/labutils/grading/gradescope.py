@@ -30,7 +30,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from labutils.errors import GradingError
+from labutils.errors import GradingError, cannot_write
 from labutils.grading.batch import grade, load_lab, max_score
 from labutils.grading.report import gradescope_results, write_atomic
 
@@ -86,7 +86,10 @@ def build(lab: str | os.PathLike, out: str | os.PathLike) -> Path:
         raise GradingError(f"labutils is not installed from the course's folder ({REPO} has "
                            "no pyproject.toml or requirements.lock): build the autograder "
                            "from a clone of the course")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    why = cannot_write(out, folder=False)
+    if why:
+        raise GradingError(f"--out {out}: cannot write the zip there ({why}); expected a .zip "
+                           "in a folder this user can write, e.g. --out autograder.zip")
     tmp = out.with_name(out.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         _add(zf, "README.md", readme(the_lab))

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import cast
 
-from labutils.errors import GradingError
+from labutils.errors import GradingError, cannot_write
 from labutils.grading.batch import LAB_CONFIG, grade, load_lab
 from labutils.grading.report import totals
 from labutils.grading.runner import HIDDEN_CHECKS_FILE, hidden_summary
@@ -93,6 +93,10 @@ def release(lab: str | os.PathLike, out: str | os.PathLike, *, verify: bool = Tr
                            "overwrites files); pick another folder or empty it")
     if target == folder or folder in target.parents:
         raise GradingError(f"--out {out}: expected a folder outside the lab {folder.name}")
+    why = cannot_write(target)
+    if why:
+        raise GradingError(f"--out {out}: cannot write there ({why}); expected a new or "
+                           "empty folder this user can write")
     files = learner_files(folder)
     starter_fails = load_lab(folder).config.get("starter_fails")
     if verify and not isinstance(starter_fails, list):

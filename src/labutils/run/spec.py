@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from labutils.errors import LaunchConfigError, real_number, whole_number
+from labutils.errors import LaunchConfigError, cannot_write, real_number, whole_number
 from labutils.run.checks import (
     MAX_LOCAL_AGENTS,
     MAX_NODES,
@@ -256,7 +256,7 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
     root = runs_root(log_dir)
     if job is not None:
         run_dir = (root / job).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _make_folder(run_dir, log_dir, exist_ok=True)
         if any(run_dir.glob("summary*.json")):  # summary-<node>.json: a node has ended
             raise LaunchConfigError(
                 "rdzv_id", expected="a job name not used before in this log folder",
@@ -264,8 +264,30 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
         return run_dir
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{script.stem}-{uuid.uuid4().hex[:6]}"
     run_dir = (root / name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=False)
+    _make_folder(run_dir, log_dir, exist_ok=False)
     return run_dir
+
+
+def _make_folder(run_dir: Path, log_dir: str | os.PathLike | None, *, exist_ok: bool) -> None:
+    """mkdir the run folder; a log folder that cannot hold it (a file on its path, no
+    permission, a read-only disk) is a one-line LaunchConfigError naming where that
+    folder came from."""
+    why = cannot_write(run_dir.parent)
+    if why is None:
+        try:
+            run_dir.mkdir(exist_ok=exist_ok)
+        except OSError as err:
+            why = err.strerror or str(err)
+    if why is None:
+        return
+    if log_dir:
+        name, fix = "log_dir", "pass a folder this process can write into"
+    elif os.environ.get(ENV_RUNS_DIR):
+        name, fix = ENV_RUNS_DIR, f"set {ENV_RUNS_DIR} to a folder this process can write into"
+    else:
+        name, fix = "log_dir", "pass log_dir=, or run from a folder this process can write into"
+    raise LaunchConfigError(name, expected="a folder the run's logs can be written into",
+                            given=f"{runs_root(log_dir)} ({why})", fix=fix)
 
 
 def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0,
