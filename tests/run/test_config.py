@@ -35,6 +35,15 @@ def ok_script(write_script):
         ({"timeout": 0}, "timeout"),
         ({"max_restarts": -1}, "max_restarts"),
         ({"env": {"A": 1}}, "env: expected a dict of str to str"),
+        ({"env": {"": "x"}}, "env: expected variable names without '='"),  # a failed run before
+        ({"env": {"A=B": "x"}}, "got 'A=B'"),
+        # torchrun replaces what it sets for each rank: the value would vanish silently
+        ({"env": {"WORLD_SIZE": "8"}}, "torchrun sets WORLD_SIZE for each rank and would replace it"),
+        ({"env": {"MASTER_PORT": "29500"}}, "got 'MASTER_PORT'"),
+        ({"args": ["--resume", None]}, "args: expected a list of strings (numbers and paths are "
+         "turned into strings), got None"),  # the script saw "None"
+        ({"args": ["--fast", True]}, "got True"),
+        ({"log_dir": 3}, "log_dir: expected a folder (a str or a Path) or None, got 3"),
         ({"display": "fancy"}, "display: expected auto | widgets | text"),
         ({"fault": {"rank": 5, "step": 1}, "max_restarts": 1}, "fault rank: expected a rank in 0..1"),
         ({"fault": {"rank": 0, "step": -1}, "max_restarts": 1}, "fault step"),
@@ -194,3 +203,11 @@ def test_prepare_says_what_will_start_before_anything_starts(tmp_path):
     text = str(request)
     assert text.splitlines()[:2] == [f"run folder: {request.run_dir}", "start: warm"]
     assert "agent 0: " in text and "MY_SETTING=1" in text
+
+
+def test_numbers_and_paths_in_args_become_strings(ok_script):
+    from labutils.run.spec import make_spec
+
+    assert make_spec(ok_script, 2, args=[3, 0.5, Path("data") / "x.pt", "--flag"]).args == \
+        ["3", "0.5", "data/x.pt", "--flag"]
+    assert make_spec(ok_script, 2, args=(w for w in ["--steps", "2"])).args == ["--steps", "2"]

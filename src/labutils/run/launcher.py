@@ -60,7 +60,8 @@ def launch(
     Args:
         script: the training script, run unchanged in every rank.
         nproc: number of ranks (processes) per agent; with one agent, on this machine.
-        args: command-line arguments for the script, a list of strings.
+        args: command-line arguments for the script, a list of strings (numbers and
+            paths are turned into strings).
         backend: "auto" (nccl with a GPU per rank, else gloo), "gloo" or "nccl";
             scripts read it through labutils.dist.init().
         hang_timeout: seconds without progress from any rank before the run is
@@ -69,7 +70,8 @@ def launch(
         max_restarts: how often torchrun restarts all ranks after a failure.
         log_dir: folder for run folders (default $LABUTILS_RUNS_DIR or ./runs).
         display: "auto", "widgets", "text", "terminal", "none" or a Display.
-        env: extra environment variables for the ranks.
+        env: extra environment variables for the ranks; not those torchrun sets for each
+            rank (RANK, WORLD_SIZE, MASTER_ADDR, ...: run/spec.py, SET_FOR_EACH_RANK).
         fault: fault injection, one fault for the first attempt or a list with one per
             attempt (the k-th fires when torchrun's restart count is k); needs
             max_restarts >= the number of faults. {"rank": R, "step": S}: rank R is

@@ -187,10 +187,17 @@ def make_spec(
         raise LaunchConfigError("args", expected="a list of strings", given=args,
                                 fix=f"split it, e.g. args={str(args).split()!r}")
     try:
-        arg_list = [str(a) for a in args]
+        items = list(args)
     except TypeError:
         raise LaunchConfigError("args", expected="a list of strings", given=args,
                                 fix='pass e.g. args=["--epochs", "2"]') from None
+    odd = [a for a in items if isinstance(a, bool) or not isinstance(a, (str, int, float, os.PathLike))]
+    if odd:  # None would reach the script as "None", True as "True"
+        raise LaunchConfigError("args", expected="a list of strings (numbers and paths are "
+                                "turned into strings)", given=odd[0],
+                                fix='pass e.g. args=["--epochs", "2"]; leave out a flag that '
+                                    "takes no value")
+    arg_list = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in items]
     if backend not in BACKENDS:
         raise LaunchConfigError("backend", expected="'auto', 'gloo' or 'nccl'", given=backend,
                                 fix="use backend='auto' to pick nccl on GPUs and gloo on CPU")
@@ -205,6 +212,16 @@ def make_spec(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise LaunchConfigError("env", expected="a dict of str to str", given=env,
                                 fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
+    for name, value in (env or {}).items():
+        if not name or "=" in name or "\0" in name + value:
+            raise LaunchConfigError("env", expected="variable names without '=' and values "
+                                    "without NUL", given=name,
+                                    fix='pass e.g. env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}')
+        if name in SET_FOR_EACH_RANK:
+            raise LaunchConfigError(
+                "env", expected="variables torchrun does not set itself", given=name,
+                fix=f"torchrun sets {name} for each rank and would replace it; leave it out "
+                    "(nproc and nnodes make the world)")
     if not isinstance(warm, bool):
         raise LaunchConfigError("warm", expected="True or False", given=warm,
                                 fix="pass warm=False to start cold, or leave it out")
@@ -231,6 +248,15 @@ def make_spec(
                       rdzv_endpoint=endpoint, rdzv_id=job, node_rank=node, warm=warm)
 
 
+# What torchrun's agent sets in each rank's environment, over whatever it was given
+# (torch.distributed.elastic's LocalElasticAgent).
+SET_FOR_EACH_RANK = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE"})
+
+
 def runs_root(log_dir: str | os.PathLike | None = None) -> Path:
     """Where run folders go: log_dir, else $LABUTILS_RUNS_DIR, else ./runs.
 
@@ -253,6 +279,9 @@ def new_run_dir(script: Path, log_dir: str | os.PathLike | None, *,
         log_dir: launch()'s log_dir (runs_root).
         job: the rdzv_id of a multi-node job, else None.
     """
+    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+        raise LaunchConfigError("log_dir", expected="a folder (a str or a Path) or None",
+                                given=log_dir, fix="pass e.g. log_dir='runs', or leave it out")
     root = runs_root(log_dir)
     if job is not None:
         run_dir = (root / job).resolve()
