@@ -103,7 +103,8 @@ def _debug_parser(sub) -> None:
 def _not_waiting(run_folder: str, rank: int | None, waiting: dict[int, str]) -> str:
     """Why `labutils debug RUN_FOLDER [--rank R]` has nothing to attach to ("" when it has)."""
     if not os.path.isdir(run_folder):
-        return (f"{run_folder}: expected a run folder (runs/...), and there is no such folder; "
+        there = "it is a file" if os.path.exists(run_folder) else "there is no such folder"
+        return (f"{run_folder}: expected a run folder (runs/...), and {there}; "
                 f"the current folder is {os.getcwd()}")
     if rank is None and waiting or rank in waiting:
         return ""

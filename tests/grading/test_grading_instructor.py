@@ -118,6 +118,9 @@ def test_release_refuses_a_used_folder_and_a_lab_holding_its_solution(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("labutils release: ")
+    # a folder that is no lab is named first, not the --out inside it
+    with pytest.raises(GradingError, match=f"^{tmp_path} is not a lab: expected lab.json"):
+        release(tmp_path, tmp_path / "copy", verify=False, progress=None)
 
 
 @pytest.mark.slow

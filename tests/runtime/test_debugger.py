@@ -218,6 +218,8 @@ def test_debug_says_why_it_has_nothing_to_attach_to(tmp_path, capsys, monkeypatc
 
     monkeypatch.chdir(tmp_path)
     assert "runs/gone: expected a run folder (runs/...), and there is no such folder" in said("runs/gone")
+    (tmp_path / "notes.txt").write_text("not a run\n")
+    assert "notes.txt: expected a run folder (runs/...), and it is a file" in said("notes.txt")
     run = tmp_path / "runs" / "a-run"
     run.mkdir(parents=True)
     assert said(str(run)) == (f"labutils debug: no rank of {run} waits for a debugger now; "

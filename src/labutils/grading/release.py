@@ -88,6 +88,7 @@ def release(lab: str | os.PathLike, out: str | os.PathLike, *, verify: bool = Tr
     """
     folder = Path(lab).resolve()
     target = Path(out).resolve()
+    config = load_lab(folder).config  # not a lab: say so before anything about --out
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise GradingError(f"--out {out}: expected a new or empty folder (a release never "
                            "overwrites files); pick another folder or empty it")
@@ -98,7 +99,7 @@ def release(lab: str | os.PathLike, out: str | os.PathLike, *, verify: bool = Tr
         raise GradingError(f"--out {out}: cannot write there ({why}); expected a new or "
                            "empty folder this user can write")
     files = learner_files(folder)
-    starter_fails = load_lab(folder).config.get("starter_fails")
+    starter_fails = config.get("starter_fails")
     if verify and not isinstance(starter_fails, list):
         raise GradingError(f"lab {folder.name}: {LAB_CONFIG} needs \"starter_fails\" (title "
                            "prefixes of the checks the starter fails) to verify a release; "
