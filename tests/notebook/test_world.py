@@ -315,3 +315,41 @@ def test_a_world_and_the_callers_runs_share_one_warm_server(tmp_path, monkeypatc
     finally:
         world.stop()
     assert warm.servers() == before, "the world asked for a warm server of its own"
+
+
+def test_bad_world_and_cell_inputs_are_one_line_before_anything_runs(tmp_path, monkeypatch):
+    """World(), run_cell() and pull() refuse what launch() refuses, in its words: a cell's
+    hang timeout of 0 or -1 or '5' (0 silently meant the world's, -1 made every cell a hang
+    at once, '5' a TypeError), True as a rank (it ran rank 1), an unknown display."""
+    from labutils.errors import LaunchConfigError
+    from labutils.run.world import World, WorldError
+
+    monkeypatch.setenv("LABUTILS_RUNS_DIR", str(tmp_path / "runs"))
+    for kwargs, said in [
+        ({"hang_timeout": True}, "hang_timeout: expected seconds >= 0.5, got True"),
+        ({"hang_timeout": float("nan")}, "got nan"),
+        ({"hang_timeout": None}, "got None"),
+        ({"display": "htm"}, "display: expected auto | widgets"),
+        ({"env": {"RANK": "1"}}, "torchrun sets RANK for each rank"),
+    ]:
+        with pytest.raises(LaunchConfigError, match=said.replace("(", r"\(").replace("|", r"\|")):
+            World(2, **kwargs)
+    world = World(2, display="none").start()
+    try:
+        for kwargs, said in [
+            ({"ranks": [True]}, "ranks: expected ranks between 0 and 1, got [True]"),
+            ({"ranks": "0"}, "got ['0']"),
+            ({"hang_timeout": 0}, "hang_timeout: expected seconds >= 0.5, got 0"),
+            ({"hang_timeout": -1}, "got -1"),
+            ({"hang_timeout": "5"}, "got '5'"),
+        ]:
+            with pytest.raises(LaunchConfigError) as err:
+                world.run_cell("x = 1", **kwargs)
+            assert said in str(err.value) and "\n" not in str(err.value)
+        assert world.seq == 0  # no cell was written or sent
+        for name in ("", "1x", None):
+            with pytest.raises(WorldError, match="^pull: expected a variable's name"):
+                world.pull(name)
+        assert world.run_cell("x = rank", hang_timeout=5).ok and world.pull("x") == {0: 0, 1: 1}
+    finally:
+        world.stop()

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labutils.errors import LaunchConfigError
+from labutils.errors import LaunchConfigError, real_number, whole_number
 from labutils.run.crash import after_thread
 from labutils.run.diagnosis import Failure
-from labutils.run.display import Display, make_display
+from labutils.run.display import DISPLAY_MODES, Display, make_display
 from labutils.run.follow import POLL_S, TICK_S, Run
 from labutils.run.hang import Hang, rank_list, verb_for
 from labutils.run.launcher import prepare
@@ -156,10 +156,10 @@ class World:
     def __init__(self, nproc: int = 2, *, backend: str = "auto", hang_timeout: float = 30.0,
                  env: dict[str, str] | None = None, log_dir: str | os.PathLike | None = None,
                  warm: bool = True, display: str = "auto") -> None:
-        if not isinstance(hang_timeout, (int, float)) or hang_timeout <= 0:
-            raise LaunchConfigError("hang_timeout", expected="seconds > 0", given=hang_timeout,
-                                    fix="pass hang_timeout=30")
-        self.nproc, self.backend, self.hang_timeout = nproc, backend, float(hang_timeout)
+        if display not in DISPLAY_MODES:
+            raise LaunchConfigError("display", expected=" | ".join(DISPLAY_MODES), given=display,
+                                    fix="pass display='auto' to choose by where the code runs")
+        self.nproc, self.backend, self.hang_timeout = nproc, backend, _seconds(hang_timeout)
         self.env, self.log_dir, self.warm, self.display_mode = dict(env or {}), log_dir, warm, display
         self.run: Run | None = None
         self.last_result: RunResult | None = None  # the last run of this world that ended
@@ -307,6 +307,7 @@ class World:
         if self.run is None:
             raise WorldError("the world is not running: start it with %dist start -n N "
                              "(or labutils.world(nproc=N))")
+        seconds = self.hang_timeout if hang_timeout is None else _seconds(hang_timeout)
         chosen = self._ranks(ranks)
         self.seq += 1
         path = self.run_dir / "cells" / f"cell-{self.seq}.py"
@@ -314,7 +315,7 @@ class World:
         runfiles.write_atomic(path, code)
         shown = make_display(display or self.display_mode) if not isinstance(display, Display) \
             else display
-        cell = _Cell(self, chosen, path, shown, hang_timeout or self.hang_timeout)
+        cell = _Cell(self, chosen, path, shown, seconds)
         return cell.follow()
 
     def pull(self, name: str, ranks: list[int] | None = None) -> dict[int, Any]:
@@ -322,6 +323,8 @@ class World:
         has no such name or its value cannot be pickled."""
         if self.run is None:
             raise WorldError("the world is not running: start it with %dist start -n N")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise WorldError(f"pull: expected a variable's name, got {name!r}; e.g. %dist pull loss")
         chosen = self._ranks(ranks)
         replies = self._ask(chosen, {"op": "pull", "seq": -1, "name": name})
         missing = sorted(rank for rank, r in replies.items() if r.get("missing"))
@@ -335,7 +338,9 @@ class World:
     def _ranks(self, ranks: list[int] | None) -> list[int]:
         if ranks is None:
             return list(range(self.nproc))
-        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.nproc]
+        if isinstance(ranks, (str, bytes)):
+            ranks = [ranks]  # named whole below
+        bad = [r for r in ranks if not whole_number(r) or not 0 <= r < self.nproc]
         if bad or not ranks:
             raise LaunchConfigError("ranks", expected=f"ranks between 0 and {self.nproc - 1}",
                                     given=ranks, fix="e.g. %%ranks 0,1")
@@ -587,6 +592,14 @@ class _Cell:
                          log_dir=run_dir, ranks=ranks, failure=failure,
                          hang=self.hang if not self.victims else None, reason=str(reason),
                          script=str(self.path), kind=f"cell {self.world.seq}")
+
+
+def _seconds(hang_timeout: object) -> float:
+    """A cell's hang timeout, checked: seconds >= 0.5 (a world's cells always have one)."""
+    if not real_number(hang_timeout) or hang_timeout < 0.5:  # type: ignore[operator]
+        raise LaunchConfigError("hang_timeout", expected="seconds >= 0.5", given=hang_timeout,
+                                fix="pass e.g. hang_timeout=30 (--hang-timeout 30)")
+    return float(hang_timeout)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
