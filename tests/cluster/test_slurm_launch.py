@@ -17,6 +17,7 @@ import pytest
 
 from labutils import launch
 from labutils.notebook.display import Display, TextDisplay
+from labutils.cluster.slurm_backend import NODES_STOP_S
 from labutils.errors import LaunchConfigError
 from helpers import SCRIPTS
 from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (the session's local cluster)
@@ -182,6 +183,35 @@ def test_a_stopped_job_says_where_each_rank_was(slurm_cluster, tmp_path):
         {0: f"waits_for_a_flag.py:{barrier}", 1: f"waits_for_a_flag.py:{loop + 1}"},
         {0: "barrier", 1: ""}, [1]), result.summary()
     assert "where each rank was when the run was stopped:" in result.summary()
+
+
+def test_stop_of_a_job_still_pending_cancels_it_at_once(slurm_cluster, job, tmp_path):
+    """No node runs a pending job, so none would read stop.json: scancel at once, not
+    after the nodes' grace. Another job holds every node, so this one waits in the queue."""
+    import time
+
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={slurm_cluster.nodes}", "--exclusive",
+         f"--output={tmp_path}/blocker.out", "--wrap", "sleep 120"],
+        capture_output=True, text=True, timeout=30, check=True).stdout.strip().split(";")[0]
+    try:
+        stopped_at: list[float] = []
+
+        class StopWhenPending(Display):
+            def note(self, text):
+                if text.endswith(": PENDING") and not self.stop_requested.is_set():
+                    stopped_at.append(time.monotonic())
+                    self.stop_requested.set()
+
+        result = launch(job, args=["ok"], scheduler="slurm", log_dir=tmp_path / "runs",
+                        display=StopWhenPending(), hang_timeout=60, timeout=180,
+                        **_layout(slurm_cluster))
+        took = time.monotonic() - stopped_at[0]
+        assert result.reason == "stopped", result.summary()
+        assert took < NODES_STOP_S / 2, f"{took:.1f} s from Stop to the end of a pending job"
+    finally:
+        subprocess.run(["scancel", blocker], timeout=30)
+        _wait_for(lambda: not slurm_queue().strip(), 60, "the queue to empty")
 
 
 @pytest.mark.parametrize("kwargs, what", [

@@ -27,6 +27,8 @@ SLURM_POLL_S = 0.5
 NODES_STOP_S = 10.0  # how long the nodes may take to stop their own ranks before scancel
 SLURM_RUNNING = (None, "RUNNING", "COMPLETING", "CONFIGURING")
 SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+# No node runs the batch script (yet, or now): none would read stop.json
+SLURM_NOT_STARTED = ("PENDING", "CONFIGURING", "SUSPENDED")
 _SLURM_OPTIONS = ("partition", "time_limit", "gpus_per_node", "cpus_per_task", "job_name")
 
 
@@ -143,10 +145,14 @@ class SlurmBackend(Backend):
         stop.json, after a node failed they see it (run/nodes.py: failed_elsewhere).
         What is still in the queue after NODES_STOP_S is cancelled (scancel: SIGTERM to
         every process of the job at once, which would end a rank in the middle of
-        its stacks, SIGKILL after KillWait); on a second call (a second Ctrl-C) at once."""
+        its stacks, SIGKILL after KillWait); at once when no node runs it (a job still
+        pending) or on a second call (a second Ctrl-C)."""
         if self.job is None or reason == "ok":
             return
-        deadline = time.monotonic() + (0.0 if self._stop_asked else NODES_STOP_S)
+        with contextlib.suppress(SlurmError):
+            self._read_state(note)
+        waits = not self._stop_asked and self.state not in SLURM_NOT_STARTED
+        deadline = time.monotonic() + (NODES_STOP_S if waits else 0.0)
         self._stop_asked = True
         while self.state not in SLURM_ENDED and time.monotonic() < deadline:
             time.sleep(SLURM_POLL_S)
