@@ -34,6 +34,14 @@ def environment_report() -> dict:
         advice.append("no GPU: every lesson runs on CPU with gloo")
         advice.append(f"the lessons start up to 4 ranks; with {cores} core(s) the ranks share "
                       "cores: results stay exact, timings show contention rather than scaling")
+    threads = torch.get_num_threads()
+    if "OMP_NUM_THREADS" in os.environ and threads > 1 and threads * world > (cores or 1):
+        # The launcher gives each rank 1 thread unless the environment says otherwise,
+        # as torchrun does; torch reads the variable (here too) and caps it at the cores.
+        advice.append(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} in the environment: each "
+                      f"rank computes with {threads} threads, {threads * world} for {world} ranks "
+                      f"on {cores} core(s), and the lessons' timings slow down from it; unset it "
+                      "(each rank then gets 1) or set it to 1")
     return {
         "python": sys.version.split()[0],
         "platform": f"{platform.system()} {platform.machine()}",  # not the kernel build: machine-specific
