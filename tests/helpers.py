@@ -182,3 +182,34 @@ class OtherLoad:
             return None
         # a kernel thread has no command line: its name then
         return self.commands.get(key) or f"[{self.last[key][1]}]", spent[key]
+
+
+def stop_once(ready, *, after_s: float = 1.0):
+    """A Display that presses Stop after_s seconds after ready(display) first holds,
+    checked at each line the ranks print and each tick. display.started: the ranks that
+    printed "started" (tests/scripts/waits_for_a_flag.py's ranks, then in their waits);
+    display.notes: what the launcher said."""
+    import threading
+
+    from labutils.run.display import Display
+
+    class StopOnce(Display):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: set[int] = set()
+            self.notes: list[str] = []
+            self.armed = False
+
+        def lines(self, rank, stream, lines):
+            self.started |= {rank for line in lines if line == "started"}
+            self.tick()
+
+        def tick(self):
+            if not self.armed and ready(self):
+                self.armed = True
+                threading.Timer(after_s, self.stop_requested.set).start()
+
+        def note(self, text):
+            self.notes.append(text)
+
+    return StopOnce()

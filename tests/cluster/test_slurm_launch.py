@@ -11,7 +11,6 @@ import json
 
 import subprocess
 import textwrap
-import threading
 
 import pytest
 
@@ -19,7 +18,7 @@ from labutils import launch
 from labutils.notebook.display import Display, TextDisplay
 from labutils.cluster.slurm_backend import NODES_STOP_S
 from labutils.errors import LaunchConfigError
-from helpers import SCRIPTS
+from helpers import SCRIPTS, stop_once
 from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (the session's local cluster)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -121,28 +120,6 @@ def test_stop_cancels_the_job_and_leaves_nothing(slurm_cluster, job, tmp_path):
     assert str(job) not in ps  # no node launcher, agent or rank of the job is left
 
 
-class _StopWhen(Display):
-    """Presses Stop once ready() holds (checked at each line and tick), a second later;
-    keeps the notes."""
-
-    def __init__(self, ready) -> None:
-        super().__init__()
-        self.ready = ready
-        self.notes: list[str] = []
-        self.started: set[int] = set()
-
-    def lines(self, rank, stream, lines):
-        self.started |= {rank for line in lines if line == "started"}
-        self.tick()
-
-    def tick(self):
-        if self.ready(self) and not self.stop_requested.is_set():
-            threading.Timer(1.0, self.stop_requested.set).start()
-
-    def note(self, text):
-        self.notes.append(text)
-
-
 def test_a_stopped_jobs_ranks_get_one_sigterm_each(slurm_cluster, tmp_path):
     """Each node stops its own ranks through stop.json before anything is cancelled:
     one SIGTERM per rank, from its torchrun agent (scancel alone sends one to every
@@ -153,7 +130,7 @@ def test_a_stopped_jobs_ranks_get_one_sigterm_each(slurm_cluster, tmp_path):
 
     counts = tmp_path / "counts"
     counts.mkdir()
-    display = _StopWhen(lambda d: all((counts / f"rank{r}.txt").exists() for r in (0, 1)))
+    display = stop_once(lambda d: all((counts / f"rank{r}.txt").exists() for r in (0, 1)))
     result = launch(SCRIPTS / "counts_sigterm.py", args=[str(counts)], scheduler="slurm",
                     log_dir=tmp_path / "runs", display=display, hang_timeout=None,
                     timeout=180, **_layout(slurm_cluster))
@@ -174,7 +151,7 @@ def test_a_stopped_job_says_where_each_rank_was(slurm_cluster, tmp_path):
     loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
                      for tag in ("# waits here", "# rank 0 waits here"))
     result = launch(script, scheduler="slurm", log_dir=tmp_path / "runs", hang_timeout=None,
-                    display=_StopWhen(lambda d: d.started == {0, 1}), timeout=180,
+                    display=stop_once(lambda d: d.started == {0, 1}), timeout=180,
                     **_layout(slurm_cluster))
     assert result.reason == "stopped" and result.at_stop is not None, result.summary()
     at = result.at_stop

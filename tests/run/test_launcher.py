@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS
+from helpers import SCRIPTS, stop_once
 
 from labutils import launch
 from labutils.runtime.procs import pid_alive
 from labutils.notebook.display import TextDisplay
-from labutils.run.display import Display
 
 # Every test here runs warm and cold (conftest.py: the `start` fixture).
 pytestmark = pytest.mark.usefixtures("start")
@@ -198,19 +195,6 @@ def test_timeout_stops_every_rank_quickly(runs_dir):
     assert result.ranks[0].stdout.startswith("starting\n")  # logs kept
 
 
-class _StopOnceBothWait(Display):
-    """Presses Stop a second after both ranks printed "started" (then in their waits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.started: set[int] = set()
-
-    def lines(self, rank, stream, lines):
-        self.started |= {rank for line in lines if line == "started"}
-        if len(self.started) == 2 and not self.stop_requested.is_set():
-            threading.Timer(1.0, self.stop_requested.set).start()
-
-
 @pytest.mark.parametrize("ending", ["timeout", "stopped"])
 def test_a_stopped_run_says_where_each_rank_was(runs_dir, ending):
     """Rank 1 loops outside any collective, rank 0 waits in barrier(): no failure, no hang
@@ -225,7 +209,7 @@ def test_a_stopped_run_says_where_each_rank_was(runs_dir, ending):
     # the timeout: every rank is in its wait within a few seconds, cold on a loaded machine too
     result = launch(script, 2, hang_timeout=None, **(
         {"display": "none", "timeout": 20} if ending == "timeout" else
-        {"display": _StopOnceBothWait(), "timeout": 120}))
+        {"display": stop_once(lambda d: len(d.started) == 2), "timeout": 120}))
     assert result.reason == ending and result.hang is None, result.summary()
     at = result.at_stop
     assert at is not None, result.summary()

@@ -13,14 +13,13 @@ import json
 import os
 import sys
 import textwrap
-import threading
 import warnings
 
 import psutil
 import pytest
 from endings_table import SCRIPT as ENDINGS_SCRIPT
 from endings_table import check_verdict
-from helpers import SCRIPTS
+from helpers import SCRIPTS, stop_once
 
 from labutils.runtime import runfiles
 from labutils.cli import build_parser, launch_kwargs
@@ -201,19 +200,6 @@ def test_stop_on_node_0_stops_node_1(hosts, job, tmp_path):
     assert not _leftovers(result.log_dir)
 
 
-class _StopOnceAllWait(Display):
-    """Presses Stop a second after all four ranks printed "started" (then in their waits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.started: set[int] = set()
-
-    def lines(self, rank, stream, lines):
-        self.started |= {rank for line in lines if line == "started"}
-        if len(self.started) == 4 and not self.stop_requested.is_set():
-            threading.Timer(1.0, self.stop_requested.set).start()
-
-
 def test_a_stopped_job_says_where_each_rank_on_each_node_was(hosts, tmp_path):
     """Node 0 stops its ranks at once, node 1 once it reads stop.json: node 1's ranks,
     waiting in barrier() for node 0's, fail there ("Connection closed by peer") before
@@ -223,7 +209,7 @@ def test_a_stopped_job_says_where_each_rank_on_each_node_was(hosts, tmp_path):
     lines = script.read_text().splitlines()
     loop, barrier = (next(i for i, t in enumerate(lines, 1) if t.endswith(tag))
                      for tag in ("# waits here", "# rank 0 waits here"))
-    result = hosts.launch(script, 2, log_dir=tmp_path / "runs", display=_StopOnceAllWait(),
+    result = hosts.launch(script, 2, log_dir=tmp_path / "runs", display=stop_once(lambda d: len(d.started) == 4),
                           hang_timeout=None, timeout=120)
     assert result.reason == "stopped" and result.at_stop is not None, result.summary()
     at = result.at_stop
