@@ -48,6 +48,22 @@ def test_rank_output_is_bounded_but_counts_everything(tmp_path):
     assert len(out.combined) == 100
 
 
+def test_a_line_too_long_to_show_is_cut_and_says_where_it_is_whole(tmp_path):
+    """A 50 MB line once went whole to the display (100 MB of text for 2 ranks in a
+    notebook's browser); it is shown cut, and the log file keeps it."""
+    from labutils.run.streams import SHOWN_LINE_CHARS
+
+    out_path = runfiles.stream_path(tmp_path, 1, "stderr")
+    out_path.parent.mkdir(parents=True)
+    long = "y" * (SHOWN_LINE_CHARS + 12_345)
+    out_path.write_text(f"short\n{long}\n{'z' * SHOWN_LINE_CHARS}\n")
+    new = RankOutput(tmp_path, 1).poll(final=True)["stderr"]
+    assert new[0] == "short" and new[2] == "z" * SHOWN_LINE_CHARS  # at the bound: whole
+    assert new[1] == ("y" * SHOWN_LINE_CHARS + " ... [12,345 more characters; the whole line is "
+                      "in rank1/stderr.log]")
+    assert out_path.read_text().splitlines()[1] == long
+
+
 def test_event_tail_skips_a_torn_last_line(tmp_path):
     path = runfiles.events_path(tmp_path, 1)
     writer = runfiles.EventWriter(path)

@@ -21,6 +21,9 @@ from labutils.runtime import runfiles
 from labutils.runtime.frames import DUMP_FRAME, script_depth
 
 READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
+# A line longer than this is shown cut (the log file keeps it whole): a 50 MB line once
+# went whole to the display, 100 MB of text for a notebook's browser to render.
+SHOWN_LINE_CHARS = 10_000
 
 
 class LineTail:
@@ -150,7 +153,7 @@ class RankOutput:
         new = {}
         for stream, tail in self._tails.items():
             raw = tail.read_all() if final else tail.read()
-            lines = [decode(b) for b in raw]
+            lines = [self._shown(decode(b), stream) for b in raw]
             if stream == "stderr":
                 lines = self._dump.feed(lines, final=final)
             if not lines:
@@ -160,6 +163,14 @@ class RankOutput:
             self.counts[stream] += len(lines)
             new[stream] = lines
         return new
+
+    def _shown(self, line: str, stream: str) -> str:
+        """The line as the display, the summary and the tails keep it: cut after
+        SHOWN_LINE_CHARS, saying where the whole of it is."""
+        if len(line) <= SHOWN_LINE_CHARS:
+            return line
+        return (f"{line[:SHOWN_LINE_CHARS]} ... [{len(line) - SHOWN_LINE_CHARS:,} more characters; "
+                f"the whole line is in rank{self.rank}/{self.paths[stream].name}]")
 
     def close(self) -> None:
         for tail in self._tails.values():
