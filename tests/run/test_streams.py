@@ -64,6 +64,36 @@ def test_a_line_too_long_to_show_is_cut_and_says_where_it_is_whole(tmp_path):
     assert out_path.read_text().splitlines()[1] == long
 
 
+def test_a_line_redrawn_in_place_shows_as_it_stands_while_it_lasts(tmp_path, monkeypatch):
+    """A progress bar (tqdm: carriage returns, a newline only when it is done) showed
+    nothing until it ended; now its state every REDRAWN_EVERY_S, and its end once. The
+    counts stay the lines the rank wrote."""
+    from labutils.run import streams
+
+    clock = [100.0]
+    monkeypatch.setattr(streams.time, "monotonic", lambda: clock[0])
+    path = runfiles.stream_path(tmp_path, 0, "stderr")
+    path.parent.mkdir(parents=True)
+    out = RankOutput(tmp_path, 0)
+
+    def write(text: str) -> list[str]:
+        with path.open("a") as f:
+            f.write(text)
+        return out.poll().get("stderr", [])
+
+    assert write("\rstep 1/4") == ["step 1/4"]  # at once the first time
+    assert write("\rstep 2/4") == []  # too soon
+    clock[0] += streams.REDRAWN_EVERY_S
+    assert write("\rstep 3/4") == ["step 3/4"]
+    clock[0] += streams.REDRAWN_EVERY_S
+    assert write("") == []  # unchanged: not again
+    assert write("\n") == []  # it ended as last shown
+    assert write("\rstep 1/2") == ["step 1/2"]  # a new bar: at once
+    assert write("\rstep 2/2\nnext\n") == ["step 2/2", "next"]  # it ended unlike last shown
+    assert out.counts["stderr"] == 3 and list(out.tail["stderr"]) == [
+        "step 1/4", "step 3/4", "step 1/2", "step 2/2", "next"]
+
+
 def test_event_tail_skips_a_torn_last_line(tmp_path):
     path = runfiles.events_path(tmp_path, 1)
     writer = runfiles.EventWriter(path)

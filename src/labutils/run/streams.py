@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections import deque
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +25,9 @@ READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over se
 # A line longer than this is shown cut (the log file keeps it whole): a 50 MB line once
 # went whole to the display, 100 MB of text for a notebook's browser to render.
 SHOWN_LINE_CHARS = 10_000
+# A line redrawn in place (a progress bar: carriage returns, no newline until it is done)
+# is shown as it stands this often while it lasts, not only once it ends.
+REDRAWN_EVERY_S = 2.0
 
 
 class LineTail:
@@ -55,6 +59,12 @@ class LineTail:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         return lines
+
+    def redrawn(self) -> bytes | None:
+        """What a terminal shows of the line not yet ended, when it is being redrawn in
+        place (it holds a carriage return): the text after the last one; else None."""
+        head, cr, last = self._partial.rpartition(b"\r")
+        return (last or head.rsplit(b"\r", 1)[-1]) if cr else None
 
     def read(self, max_bytes: int = READ_CHUNK) -> list[bytes]:
         data = self._read_bytes(max_bytes)
@@ -147,22 +157,45 @@ class RankOutput:
         self.keep = keep
         self.counts = {s: 0 for s in runfiles.STREAMS}
         self._dump = FatalDumpCut()  # faulthandler writes fatal dumps to stderr
+        self._redrawn = {s: ("", 0.0) for s in runfiles.STREAMS}  # last shown, when
 
     def poll(self, *, final: bool = False) -> dict[str, list[str]]:
-        """New complete lines per stream (all remaining ones when final)."""
+        """New complete lines per stream (all remaining ones when final), and a line
+        still being redrawn in place as it stands, every REDRAWN_EVERY_S (counts: the
+        lines the rank wrote, the redrawn one once, when it ends)."""
         new = {}
         for stream, tail in self._tails.items():
             raw = tail.read_all() if final else tail.read()
             lines = [self._shown(decode(b), stream) for b in raw]
             if stream == "stderr":
                 lines = self._dump.feed(lines, final=final)
+            self.counts[stream] += len(lines)
+            shown, _ = self._redrawn[stream]
+            if lines and shown:  # the redrawn line has ended: shown already if unchanged
+                self._redrawn[stream] = ("", 0.0)
+                if lines[0] == shown:
+                    lines = lines[1:]
+            lines += [] if final else self._redrawing(stream, tail)
             if not lines:
                 continue
             self.tail[stream].extend(lines)
             self.combined.extend((stream, line) for line in lines[-self.keep:])
-            self.counts[stream] += len(lines)
             new[stream] = lines
         return new
+
+    def _redrawing(self, stream: str, tail: LineTail) -> list[str]:
+        """The line being redrawn in place, as it stands, when it changed and
+        REDRAWN_EVERY_S have passed since it was last shown ([] otherwise)."""
+        now_shown = tail.redrawn()
+        shown, at = self._redrawn[stream]
+        now = time.monotonic()
+        if now_shown is None or now - at < REDRAWN_EVERY_S:
+            return []
+        text = self._shown(decode(now_shown), stream)
+        if not text or text == shown:
+            return []
+        self._redrawn[stream] = (text, now)
+        return [text]
 
     def _shown(self, line: str, stream: str) -> str:
         """The line as the display, the summary and the tails keep it: cut after
