@@ -101,6 +101,12 @@ def exposure_line(one_bucket, buckets) -> str:
             f"{_facts(buckets)['bucket_mb']:g} MiB buckets {exposed_share(buckets):.0%}")
 
 
+def buckets_line(*runs) -> str:
+    """How many buckets DDP's reducer made in each run (step.py reports it), in one line."""
+    return "DDP's buckets: " + ", ".join(
+        f"bucket_cap_mb={_facts(run)['bucket_mb']:g}: {_facts(run)['buckets']}" for run in runs)
+
+
 def overlap_claims(one_bucket, buckets) -> str:
     """What changed when the gradients travel in many buckets instead of one: checks that
     hold on a slow or a fast machine (how much is hidden depends on how long backward
