@@ -168,6 +168,7 @@ def test_straggler_is_the_rank_outside_the_collective(tmp_path):
 
 @pytest.mark.parametrize(("lines", "exited", "stragglers", "phrase"), [
     ({0: 5, 1: 5, 2: 5}, {}, [], "every rank waits at"),
+    ({0: 5}, {}, [], "rank 0 waits at"),  # a cell on one rank of a world
     ({0: 5, 1: 7, 2: 5}, {}, [1], "somewhere else"),
     ({0: 5, 1: 7}, {}, [], "do not match"),
     ({0: 5, 1: 5}, {2: 0}, [], "already left the run"),

@@ -182,8 +182,9 @@ def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict,
             f"{rank_list(ranks)} {verb_for(ranks, 'waits', 'wait')} at {waiting[ranks[0]]} for "
             f"{rank_list(sorted(exited))}, which already left the run (uneven inputs or an early exit)"
         )
-    if len(counts) == 1:
-        return [], f"every rank waits at {waiting[ranks[0]]}"
+    if len(counts) == 1:  # one rank alone (a cell on one rank of a world) is no "every rank"
+        who = "every rank waits" if len(ranks) > 1 else f"{rank_list(ranks)} waits"
+        return [], f"{who} at {waiting[ranks[0]]}"
     top = counts.most_common()
     if top[0][1] > top[1][1]:
         majority = top[0][0]
