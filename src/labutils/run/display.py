@@ -106,15 +106,20 @@ def choose_mode(mode: str = "auto") -> str:
     return "text"
 
 
+def check_display_mode(mode: object) -> None:
+    """LaunchConfigError, one line, unless mode is one of DISPLAY_MODES."""
+    if mode not in DISPLAY_MODES:
+        raise LaunchConfigError("display", expected=" | ".join(DISPLAY_MODES), given=mode,
+                                fix="pass display='auto' to choose by where the code runs")
+
+
 def make_display(mode: str = "auto") -> Display:
     """A display for the mode ("auto", "widgets", "text", "terminal" or "none").
 
     Args:
         mode: one of DISPLAY_MODES; "auto" is resolved by choose_mode().
     """
-    if mode not in DISPLAY_MODES:
-        raise LaunchConfigError("display", expected=" | ".join(DISPLAY_MODES), given=mode,
-                                fix="pass display='auto' to choose by where the code runs")
+    check_display_mode(mode)
     mode = choose_mode(mode)
     if mode == "none":
         return Display()

@@ -48,7 +48,7 @@ from typing import Any
 from labutils.errors import LaunchConfigError, real_number, whole_number
 from labutils.run.crash import after_thread
 from labutils.run.diagnosis import Failure
-from labutils.run.display import DISPLAY_MODES, Display, make_display
+from labutils.run.display import Display, check_display_mode, make_display
 from labutils.run.follow import POLL_S, TICK_S, Run
 from labutils.run.hang import Hang, rank_list, verb_for
 from labutils.run.launcher import prepare
@@ -156,9 +156,7 @@ class World:
     def __init__(self, nproc: int = 2, *, backend: str = "auto", hang_timeout: float = 30.0,
                  env: dict[str, str] | None = None, log_dir: str | os.PathLike | None = None,
                  warm: bool = True, display: str = "auto") -> None:
-        if display not in DISPLAY_MODES:
-            raise LaunchConfigError("display", expected=" | ".join(DISPLAY_MODES), given=display,
-                                    fix="pass display='auto' to choose by where the code runs")
+        check_display_mode(display)
         self.nproc, self.backend, self.hang_timeout = nproc, backend, _seconds(hang_timeout)
         self.env, self.log_dir, self.warm, self.display_mode = dict(env or {}), log_dir, warm, display
         self.run: Run | None = None
