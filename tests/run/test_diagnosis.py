@@ -341,3 +341,16 @@ def test_at_a_timeout_ranks_that_all_compute_are_no_mismatch():
     assert text.splitlines()[1:] == ["where each rank was at the timeout:",
                                      "  rank 0 was at train.py:20    loss.backward()",
                                      "  rank 1 was at train.py:31    evaluate(model)"]
+
+
+def test_a_notebook_cell_is_named_by_its_file_alone(tmp_path, monkeypatch):
+    """A world's cell hung "at runs/<run>/cells/cell-3.py:1" while its failures said
+    "cell-3.py:1"; both say the latter now, and a %%torchrun cell's file the same way."""
+    from labutils.run.hang import where_text
+    from labutils.runtime.runfiles import cell_path
+
+    monkeypatch.chdir(tmp_path)
+    assert where_text(str(cell_path(tmp_path / "runs" / "a-run", 3))) == "cell-3.py"
+    assert where_text(str(cell_path(tmp_path / "runs", "0123abcd"))) == "cell-0123abcd.py"
+    assert where_text(str(tmp_path / "train.py")) == "train.py"
+    assert where_text(str(tmp_path / "cells" / "train.py")) == "cells/train.py"  # no cell's name

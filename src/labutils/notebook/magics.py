@@ -136,7 +136,7 @@ def cell_script(cell: str, *, log_dir: str | os.PathLike | None = None) -> Path:
     """Write the cell to <runs>/cells/cell-<hash>.py (kept with the runs) and return the path."""
     root = runs_root(log_dir)
     digest = hashlib.sha256(cell.encode()).hexdigest()[:12]
-    path = (root / "cells" / f"cell-{digest}.py").resolve()
+    path = runfiles.cell_path(root, digest).resolve()
     if not path.exists():  # same name, same text: an existing file is already right
         path.parent.mkdir(parents=True, exist_ok=True)
         runfiles.write_atomic(path, cell)  # a rank never reads a half-written cell

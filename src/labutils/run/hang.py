@@ -11,13 +11,14 @@ same parser.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from labutils.runtime.frames import Frame, dump_frames, learners_frame, script_depth
-from labutils.runtime.runfiles import relative_path, short_path
+from labutils.runtime.runfiles import is_cell_path, relative_path, short_path
 
 # The module whose outermost frame is the torch.distributed call a script made.
 COLLECTIVE_FILES = ("distributed_c10d.py",)
@@ -32,8 +33,11 @@ DDP_COLLECTIVES = {
 
 
 def where_text(path: str | None) -> str:
-    """A file as a failure or hang report names it: relative to the current folder."""
-    return relative_path(path) if path else "?"
+    """A file as a failure or hang report names it: relative to the current folder; a
+    notebook cell's file (runfiles.cell_path) by its name, cell-3.py."""
+    if not path:
+        return "?"
+    return os.path.basename(path) if is_cell_path(path) else relative_path(path)
 
 
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")

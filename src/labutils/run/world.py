@@ -308,7 +308,7 @@ class World:
         seconds = self.hang_timeout if hang_timeout is None else _seconds(hang_timeout)
         chosen = self._ranks(ranks)
         self.seq += 1
-        path = self.run_dir / "cells" / f"cell-{self.seq}.py"
+        path = runfiles.cell_path(self.run_dir, self.seq)
         path.parent.mkdir(exist_ok=True)
         runfiles.write_atomic(path, code)
         shown = make_display(display or self.display_mode) if not isinstance(display, Display) \

@@ -84,6 +84,18 @@ def rank_dir(run_dir: str | os.PathLike, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}"
 
 
+def cell_path(folder: str | os.PathLike, name: str | int) -> Path:
+    """Where a notebook cell run on ranks is written: <folder>/cells/cell-<name>.py (a
+    world's cell N in its run folder, a %%torchrun cell by its hash in the runs folder)."""
+    return Path(folder) / "cells" / f"cell-{name}.py"
+
+
+def is_cell_path(path: str | os.PathLike) -> bool:
+    """Whether path is a cell_path(): reports name it by its file name alone."""
+    p = Path(path)
+    return p.parent.name == "cells" and p.name.startswith("cell-") and p.suffix == ".py"
+
+
 def stream_path(run_dir: str | os.PathLike, rank: int, stream: str) -> Path:
     return rank_dir(run_dir, rank) / f"{stream}.log"
 
