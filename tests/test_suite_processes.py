@@ -79,8 +79,12 @@ def test_a_commands_child_is_counted_and_a_neighbour_is_not(tmp_path):
         neighbour.wait()
     assert code == 3
     python = next(line for line in text.splitlines() if line.endswith("other Python processes"))
-    assert 0.5 <= float(python.split()[0]) < 1.5, text   # the child's 0.6 s, not the neighbour's
+    # One Python process: the child, not the neighbour. Its CPU is the kernel's
+    # accounting, tick samples less the time a busy host took from this virtual machine
+    # (steal), while the child stops on its own clock at 0.6 s: a loaded CI machine
+    # recorded 0.4. So: counted, and not more than its own.
     assert python.split()[2] == "1", text
+    assert 0.2 <= float(python.split()[0]) < 1.5, text
 
 
 def test_a_second_measure_refuses_while_one_runs():

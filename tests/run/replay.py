@@ -65,7 +65,7 @@ class ReplayAgents(LocalAgents):
     def rank_alive(self, r) -> bool:
         return False  # recorded pids are no processes of this run: never signal them
 
-    def stop(self, ranks: list[int], reason: str, note) -> None:
+    def stop(self, ranks: list[int], reason: str, note, *, again: bool = False) -> None:
         self.stopped.append((ranks, reason))
 
 

@@ -53,3 +53,26 @@ def test_a_replayed_warm_run_and_cold_run_get_the_same_verdict(how, tmp_path):
     warm = replay(RECORDINGS / f"{how}-warm", tmp_path)
     cold = replay(RECORDINGS / f"{how}-cold", tmp_path)
     assert verdict(warm, how) == verdict(cold, how)
+
+
+def test_a_second_ctrl_c_during_the_stop_asks_the_back_end_to_end_at_once(tmp_path):
+    """A second press that lands as the back end begins to stop (SLURM: after stop.json
+    is written, before its first squeue) is a second stop, ``again``: the SLURM back end
+    then cancels the job at once instead of waiting for the nodes (CI saw the press taken
+    for the first one, and the job end without scancel)."""
+    recording = RECORDINGS / "exception-cold"
+    calls: list[tuple[str, bool]] = []
+
+    class PressedTwice(ReplayAgents):
+        def stop(self, ranks, reason, note, *, again=False):
+            calls.append((reason, again))
+            if len(calls) == 1:
+                raise KeyboardInterrupt  # the second press, in the first stop
+
+    meta = json.loads((recording / "recording.json").read_text())
+    spec = make_spec(SCRIPT, meta["nproc"], args=[meta["how"], str(meta["failing"])])
+    run = Run(spec, new_run_dir(spec.script, tmp_path), Display(),
+              backend=lambda spec, run_dir: PressedTwice(spec, run_dir, recording))
+    with pytest.raises(KeyboardInterrupt, match="every rank was stopped"):
+        run.run()
+    assert calls == [("failed", False), ("interrupted", True)]

@@ -137,7 +137,7 @@ class SlurmBackend(Backend):
     def rank_alive(self, r: RankState) -> bool:
         return r.exit_code is None and not self.nodes.done(r.node) and self.state in SLURM_RUNNING
 
-    def stop(self, ranks: list[int], reason: str, note) -> None:
+    def stop(self, ranks: list[int], reason: str, note, *, again: bool = False) -> None:
         """End the job, the nodes first: each stops its own ranks, so that every rank gets
         one SIGTERM, from its torchrun agent, and writes its stacks whole (where each
         rank was at a timeout or Stop), and records how each ended (a victim's exit
@@ -146,14 +146,15 @@ class SlurmBackend(Backend):
         What is still in the queue after NODES_STOP_S is cancelled (scancel: SIGTERM to
         every process of the job at once, which would end a rank in the middle of
         its stacks, SIGKILL after KillWait); at once when no node runs it (a job still
-        pending) or on a second call (a second Ctrl-C)."""
+        pending) or on a second Ctrl-C: ``again``, or a second call (the press may come
+        before this one is entered, after stop.json is written)."""
         if self.job is None or reason == "ok":
             return
+        at_once, self._stop_asked = again or self._stop_asked, True
         with contextlib.suppress(SlurmError):
             self._read_state(note)
-        waits = not self._stop_asked and self.state not in SLURM_NOT_STARTED
+        waits = not at_once and self.state not in SLURM_NOT_STARTED
         deadline = time.monotonic() + (NODES_STOP_S if waits else 0.0)
-        self._stop_asked = True
         while self.state not in SLURM_ENDED and time.monotonic() < deadline:
             time.sleep(SLURM_POLL_S)
             try:

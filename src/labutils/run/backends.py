@@ -85,7 +85,9 @@ class Backend:
     def rank_alive(self, r: RankState) -> bool:
         raise NotImplementedError
 
-    def stop(self, ranks: list[int], reason: str, note) -> None:
+    def stop(self, ranks: list[int], reason: str, note, *, again: bool = False) -> None:
+        """End every process of the run (reason: why). ``again``: a second Ctrl-C came
+        while a first stop was under way: end what is left at once."""
         raise NotImplementedError
 
     def logs(self, *, faulted: bool = True) -> list[Path]:
@@ -195,7 +197,7 @@ class LocalAgents(Backend):
     def rank_alive(self, r: RankState) -> bool:
         return bool(r.pid) and r.exit_code is None and pid_alive(cast(int, r.pid))
 
-    def stop(self, ranks: list[int], reason: str, note) -> None:
+    def stop(self, ranks: list[int], reason: str, note, *, again: bool = False) -> None:
         """End every process: SIGTERM to each keeper, which ends whatever is below it
         (runtime/agent.py end_tree: torchrun's agent ends its ranks, then the keeper the
         ranks' own children and daemons), and to the ranks no keeper holds. Nothing

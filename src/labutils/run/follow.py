@@ -149,12 +149,13 @@ class Run:
     def end(self, *, interrupted: bool = False) -> RunResult:
         """Stop every process (state.reason says why), settle and show the result.
         KeyboardInterrupt once the result is written when ``interrupted``."""
+        again = False
         while True:  # a second Ctrl-C must not leave processes behind
             try:
-                self._shutdown()
+                self._shutdown(again=again)
                 break
-            except KeyboardInterrupt:
-                interrupted = True
+            except KeyboardInterrupt:  # pressed again while the run was being stopped
+                interrupted = again = True
                 self.state.reason = Ending.INTERRUPTED
         global _last_result
         settled = outcome.final_result(self.state, now=time.monotonic())
@@ -316,14 +317,14 @@ class Run:
             f"{self.state.spec.nnodes} nodes have joined at {self.state.spec.rdzv_endpoint} (start the "
             "same launch on every machine, each with its own node rank)")
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, again: bool = False) -> None:
         self.state.fold.stopping = self.state.reason not in (Ending.OK, Ending.FAILED)
         if self.state.shared:
             self.nodes.tell_others_to_stop(self.state.reason)
         ranks: list[int] = [r.pid for r in self.ranks if r.local and r.pid
                             and self.state.backend.rank_alive(r)] if not self.state.backend.scheduled else []
         self.state.signalled.update(ranks)  # a SIGTERM from here ends none on its own
-        self.state.backend.stop(ranks, self.state.reason, self.display.note)
+        self.state.backend.stop(ranks, self.state.reason, self.display.note, again=again)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
         for output in self.state.output:
