@@ -110,3 +110,49 @@ def test_an_exception_a_handler_raised_whilescripts_own_exception_unwound_gives_
     assert scripts_own_exception(raised, str(script)) is raised
     outside = RuntimeError("no script frame, no context")
     assert scripts_own_exception(outside, str(script)) is outside
+
+
+def test_a_rank_stopped_while_it_reports_its_exception_is_placed_at_its_line(runs_dir, write_script,
+                                                                            tmp_path):
+    """A SIGTERM that comes while the bootstrap formats the script's exception (a peer
+    on another node stopped a moment earlier, on a loaded machine) waits until the
+    exception is written: "where each rank was" places the rank at its raise, not in
+    the report's frames. Here rank 1's exception is described only once rank 0, which
+    waits in a loop, has been ended by Stop: torchrun sent rank 1 its SIGTERM with
+    rank 0's."""
+    from helpers import stop_once
+
+    script = write_script("slow_report.py", f"""
+        import os, time
+        PID = {str(tmp_path / "rank0.pid")!r}
+        def gone(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as stat:
+                    return stat.read().rsplit(")", 1)[1].split()[0] in "ZX"
+            except OSError:
+                return True
+        class DescribedAfterStop(Exception):
+            def __str__(self):
+                deadline = time.monotonic() + 60
+                while not gone(int(open(PID).read())) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                time.sleep(0.2)
+                return "described after Stop"
+        if os.environ["RANK"] == "0":
+            open(PID + ".tmp", "w").write(str(os.getpid()))
+            os.replace(PID + ".tmp", PID)
+        print("started", flush=True)
+        if os.environ["RANK"] == "1":
+            raise DescribedAfterStop()
+        while True:
+            time.sleep(0.05)
+    """)
+    lines = script.read_text().splitlines()
+    raise_line, loop = (lines.index(text) + 1 for text in ("    raise DescribedAfterStop()", "while True:"))
+    result = launch(script, 2, display=stop_once(lambda d: d.started == {0, 1}, after_s=0.5),
+                    hang_timeout=None, timeout=120)
+    assert result.reason == "stopped" and result.at_stop is not None, result.summary()
+    assert {r: w.rsplit("/", 1)[-1] for r, w in result.at_stop.waiting.items()} == \
+        {0: f"slow_report.py:{loop + 1}", 1: f"slow_report.py:{raise_line}"}, result.summary()
+    assert [r.exit_code for r in result.ranks] == [-15, -15], result.summary()
+    assert "DescribedAfterStop: described after Stop" in result.ranks[1].stderr

@@ -27,6 +27,7 @@ How a rank ended that could write nothing (a signal, os._exit()) its agent recor
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import gc
 import io
@@ -39,7 +40,7 @@ import threading
 import time
 import traceback
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from labutils.runtime import debugger, runfiles
 from labutils.runtime.frames import caught_elsewhere, is_bootstrap, learners_frame
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     writer = runfiles.event_writer()
 
-    stacks = None
+    stacks = ended = None
     if run_dir:
         runfiles.rank_dir(run_dir, rank).mkdir(parents=True, exist_ok=True)
         sys.stdout.flush(), sys.stderr.flush()
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         stacks = open(runfiles.stacks_path(run_dir, rank), "a")  # noqa: SIM115 - must stay open
         _keep_alive.append(stacks)
         faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-        _dump_on_sigterm(runfiles.ended_stacks_path(run_dir, rank))
+        ended = _dump_on_sigterm(runfiles.ended_stacks_path(run_dir, rank))
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
     main_ident = threading.main_thread().ident
@@ -219,8 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     debugger.install(rank, writer)  # breakpoint() reaches the learner's console
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    code, where = 0, {}
     raised = run_script(script)
+    with _sigterm_after_the_report(ended):
+        return _report(raised, script, writer, restart)
+
+
+def _report(raised: BaseException | None, script: str, writer, restart: int) -> int:
+    """Write how the script ended (exception and exit events, the traceback on
+    stderr); the rank's exit code."""
+    code, where = 0, {}
     if isinstance(raised, SystemExit):
         code = _exit_code(raised)
         info = describe_exception(raised, script)  # where the script ended itself
@@ -241,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _dump_on_sigterm(path) -> None:
+def _dump_on_sigterm(path) -> TextIO:
     """When SIGTERM ends this rank (torchrun ending the peers of a failed rank, a Stop, a
     timeout), faulthandler writes its stacks to path first, then the default action
     ends the process as before (exit status -15). The launcher reads where the rank was
@@ -252,6 +260,37 @@ def _dump_on_sigterm(path) -> None:
     _keep_alive.append(ended)
     faulthandler.register(signal.SIGTERM, file=ended, all_threads=True, chain=True)
     os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+    return ended
+
+
+@contextlib.contextmanager
+def _sigterm_after_the_report(ended: TextIO | None):
+    """Hold a SIGTERM that comes while the rank reports how its script ended, and end
+    the rank with it once the report is written.
+
+    Where a rank was when it was stopped is its exception's line when it raised
+    (run/outcome.py positions_at_stop). A rank whose peer on another node was stopped
+    a moment earlier raises in its collective ("Connection closed by peer"), and its
+    own node's SIGTERM comes tens of milliseconds later: on a loaded machine, while the
+    bootstrap still formats the traceback. Ended there, it left no exception event,
+    and its SIGTERM stacks showed only the bootstrap: "where each rank was" lost it.
+    The report takes milliseconds; the keeper's SIGKILL still ends a rank whose report
+    would not end."""
+    if ended is None:  # no run folder: nothing reads the stacks or the events
+        yield
+        return
+    held: list[int] = []
+    faulthandler.unregister(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if held:  # ended by it, as it would have been (exit status -15)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.raise_signal(signal.SIGTERM)
+        faulthandler.register(signal.SIGTERM, file=ended, all_threads=True, chain=True)
 
 
 def run_script(script: str) -> BaseException | None:
