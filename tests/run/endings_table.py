@@ -14,6 +14,9 @@ SOURCE = SCRIPT.read_text().splitlines()
 # whether the summary names its line (the tagged one), and a phrase of its message.
 ENDINGS = {
     "exception": ("exception", "ValueError", 1, True, "the batch is empty"),
+    # str() of the exception raises: the rank was once taken for a victim, its peer blamed
+    "unprintable_exception": ("exception", "UnprintableError", 1, True,
+                              "<UnprintableError: its __str__ raised TypeError>"),
     "sys_exit": ("exit", "SystemExit", 3, True, "exit code 3"),
     "os_exit": ("exit", "exit", 3, False, "exit code 3 without a Python exception"),
     "abort": ("signal", "SIGABRT", -6, True, "killed by SIGABRT"),

@@ -125,7 +125,11 @@ def test_a_rank_stopped_while_it_reports_its_exception_is_placed_at_its_line(run
     script = write_script("slow_report.py", f"""
         import os, time
         PID = {str(tmp_path / "rank0.pid")!r}
-        def gone(pid):
+        def rank0_gone():
+            try:
+                pid = int(open(PID).read())  # rank 1 may get here before rank 0 wrote it
+            except (OSError, ValueError):
+                return False
             try:
                 with open(f"/proc/{{pid}}/stat") as stat:
                     return stat.read().rsplit(")", 1)[1].split()[0] in "ZX"
@@ -134,7 +138,7 @@ def test_a_rank_stopped_while_it_reports_its_exception_is_placed_at_its_line(run
         class DescribedAfterStop(Exception):
             def __str__(self):
                 deadline = time.monotonic() + 60
-                while not gone(int(open(PID).read())) and time.monotonic() < deadline:
+                while not rank0_gone() and time.monotonic() < deadline:
                     time.sleep(0.02)
                 time.sleep(0.2)
                 return "described after Stop"

@@ -40,6 +40,11 @@ class FailingWorkerData(KilledWorkerData):
         return torch.tensor([float(i)])
 
 
+class UnprintableError(Exception):
+    def __str__(self):
+        raise TypeError("no text")  # a __str__ with a bug: the report must still name the rank
+
+
 def fail_in_a_thread():
     raise RuntimeError("the loader thread failed")
 
@@ -59,6 +64,8 @@ if how == "size_mismatch":
 if rank == failing:
     if how in ("exception", "breakpoint_peer"):
         raise ValueError("the batch is empty")  # ending: exception
+    if how == "unprintable_exception":
+        raise UnprintableError()  # ending: unprintable_exception
     if how == "syntax_error":
         exec(compile("steps = (1, 2", "config.py", "exec"))  # ending: syntax_error
     if how == "sys_exit":

@@ -140,7 +140,7 @@ def describe_exception(exc: BaseException, script: str) -> dict:
     else:
         file, line = (where.filename, where.lineno) if where else (None, None)
     exc_type, source = type(exc).__name__, (where.line or "").strip() if where else ""
-    message = str(exc) or ("the debugger was quit (q)" if exc_type == "BdbQuit" else "")
+    message = text_of(exc) or ("the debugger was quit (q)" if exc_type == "BdbQuit" else "")
     caught = caught_elsewhere(message)
     if caught is not None:
         # raised in a DataLoader worker: the learner's line is in that process's
@@ -161,6 +161,16 @@ def describe_exception(exc: BaseException, script: str) -> dict:
     }
 
 
+def text_of(obj: object) -> str:
+    """str(obj), for an exception of the script or the value it passed to sys.exit(): a
+    __str__ of the learner's that raises must not end the report (the rank would end
+    with no exception event, and the peer it left behind would be blamed)."""
+    try:
+        return str(obj)
+    except Exception as err:  # noqa: BLE001 - any error of the learner's __str__
+        return f"<{type(obj).__name__}: its __str__ raised {type(err).__name__}>"
+
+
 def _exit_code(exc: SystemExit) -> int:
     """The exit status a SystemExit gives the process: sys.exit(-1) ends it with 255, as
     the agent then reaps it (the operating system keeps the low 8 bits)."""
@@ -168,7 +178,7 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code & 0xFF
-    print(exc.code, file=sys.stderr)
+    print(text_of(exc.code), file=sys.stderr)
     return 1
 
 
@@ -234,7 +244,7 @@ def _report(raised: BaseException | None, script: str, writer, restart: int) -> 
         info = describe_exception(raised, script)  # where the script ended itself
         where = {k: info[k] for k in ("file", "line", "source")}
         if raised.code is not None and not isinstance(raised.code, int):
-            where["message"] = str(raised.code)  # sys.exit("why"): printed, exit code 1
+            where["message"] = text_of(raised.code)  # sys.exit("why"): printed, exit code 1
     elif raised is not None:  # report every way the script can die
         info = describe_exception(raised, script)
         if writer is not None:
