@@ -40,7 +40,7 @@ import sys
 from typing import Any
 
 from labutils.runtime import runfiles
-from labutils.runtime.worker import describe_exception
+from labutils.runtime.worker import describe_exception, flush_streams, write_stderr
 
 # Names every rank's namespace starts with (not the learner's: a restart loses nothing of them).
 PRELOADED = ("rank", "world_size", "device", "torch", "dist")
@@ -64,14 +64,6 @@ def _encode(value: Any) -> str | None:
         return base64.b64encode(pickle.dumps(value)).decode()
     except Exception:  # noqa: BLE001 - an unpicklable value comes back as its repr only
         return None
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def user_names(namespace: dict) -> list[str]:
@@ -101,9 +93,9 @@ def run_cell(path: str, namespace: dict) -> dict:
             exc.__traceback__ = exc.__traceback__.tb_next
         info = describe_exception(exc, path)
         reply.update(ok=False, error=info, interrupted=isinstance(exc, KeyboardInterrupt))
-        sys.stderr.write(info["traceback"])
+        write_stderr(info["traceback"])
         del exc
-    _flush()
+    flush_streams()
     reply["collectives"] = collectives()
     reply["names"] = user_names(namespace)
     return reply

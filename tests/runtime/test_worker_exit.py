@@ -160,3 +160,33 @@ def test_a_rank_stopped_while_it_reports_its_exception_is_placed_at_its_line(run
         {0: f"slow_report.py:{loop + 1}", 1: f"slow_report.py:{raise_line}"}, result.summary()
     assert [r.exit_code for r in result.ranks] == [-15, -15], result.summary()
     assert "DescribedAfterStop: described after Stop" in result.ranks[1].stderr
+
+
+@pytest.mark.parametrize("how", ["closed", "none"])
+def test_a_script_that_closes_or_drops_its_streams_ends_as_python_would(runs_dir, write_script, how):
+    """`sys.stdout.close()` or `sys.stdout = None` in a script: python exits 0 after it.
+    The bootstrap's flush raised, and such a rank was reported as failing ("exit code 1
+    without a Python exception"), its peer a victim when warm; one that then raised lost
+    its traceback. Now the rank ends as it would alone, and the traceback reaches its
+    stderr.log."""
+    script = write_script("streams.py", f"""
+        import sys
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == 1:
+            if {how!r} == "closed":
+                sys.stdout.close(); sys.stderr.close()
+            else:
+                sys.stdout = sys.stderr = None
+            if sys.argv[1] == "raise":
+                raise ValueError("the batch is empty")  # the line
+        dist.destroy_process_group()
+    """)
+    fine = launch(script, 2, args=["return"], display="none")
+    assert fine.ok and [r.exit_code for r in fine.ranks] == [0, 0], fine.summary()
+    failed = launch(script, 2, args=["raise"], display="none")
+    f = failed.failure
+    line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# the line"))
+    assert (f.rank, f.kind, f.exc_type, f.line) == (1, "exception", "ValueError", line), failed.summary()
+    assert failed.ranks[1].stderr.rstrip().endswith("ValueError: the batch is empty")

@@ -249,10 +249,9 @@ def _report(raised: BaseException | None, script: str, writer, restart: int) -> 
         info = describe_exception(raised, script)
         if writer is not None:
             writer.write({"kind": "exception", "t": time.time(), "restart": restart, **info})
-        sys.stderr.write(info["traceback"])
+        write_stderr(info["traceback"])
         code = 130 if isinstance(raised, KeyboardInterrupt) else 1
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_streams()
     if writer is not None:
         writer.write({"kind": "exit", "t": time.time(), "code": code, "restart": restart,
                       **where})
@@ -297,8 +296,7 @@ def _sigterm_after_the_report(ended: TextIO | None):
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if held:  # ended by it, as it would have been (exit status -15)
-            sys.stdout.flush()
-            sys.stderr.flush()
+            flush_streams()
             signal.raise_signal(signal.SIGTERM)
         faulthandler.register(signal.SIGTERM, file=ended, all_threads=True, chain=True)
 
@@ -399,8 +397,27 @@ def _wind_down() -> None:
                 obj.flush()
         except Exception:  # noqa: BLE001 - a broken file must not stop the exit
             pass
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_streams()
+
+
+def flush_streams() -> None:
+    """Flush sys.stdout and sys.stderr as the script left them: it may have closed
+    them or set them to None, which `python script.py` allows (its exit status is
+    still 0): a rank must not fail for it."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def write_stderr(text: str) -> None:
+    """Write text to sys.stderr, or straight to file descriptor 2 (the rank's
+    stderr.log) when the script closed sys.stderr or replaced it with None."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - whatever the script left in sys.stderr
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode(errors="backslashreplace"))
 
 
 def finish(code: int) -> None:
@@ -503,8 +520,7 @@ def _return_and_exit() -> None:
     if frame is None:
         return
     frame.f_locals["ret_val_"].put(None)  # what run_script_path returns
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_streams()
     os._exit(0)
 
 
