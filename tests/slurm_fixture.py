@@ -107,7 +107,11 @@ def slurm_cluster(tmp_path_factory) -> LocalSlurm:
     nodes = 2
     found = re.search(r"^SlurmctldPort=(\d+)$", conf.read_text(), re.M) if conf.exists() else None
     port = int(found.group(1)) if found else _free_port_base(nodes + 1)
-    env = {**os.environ, "LABUTILS_SLURM_PORT": str(port), "LABUTILS_SLURM_NODES": str(nodes)}
+    # OMP_NUM_THREADS as a user's environment may set it, larger than the cores: `nproc`
+    # honours it, and the cluster once declared that many CPUs per node, which slurmctld
+    # refused (every node INVAL, no SLURM test could run).
+    env = {**os.environ, "LABUTILS_SLURM_PORT": str(port), "LABUTILS_SLURM_NODES": str(nodes),
+           "OMP_NUM_THREADS": "64"}
     env.pop("SLURM_CONF", None)
     with pytest.MonkeyPatch.context() as mp:
         try:

@@ -73,7 +73,9 @@ munge -n -S "$socket" | unmunge -S "$socket" >/dev/null 2>&1 \
 
 # --- slurm.conf -------------------------------------------------------------------------
 host="$(hostname -s)"
-cpus="$(nproc)"
+# nproc honours OMP_NUM_THREADS and OMP_THREAD_LIMIT (coreutils): set for the ranks, they
+# would declare more CPUs than slurmd finds, and slurmctld sets every node INVAL.
+cpus="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 nodes=""
 for i in $(seq 1 "$nnodes"); do
     # Every node is this host (NodeAddr 127.0.0.1); each slurmd listens on its own port.

@@ -11,7 +11,7 @@ import pytest
 
 
 def doctor(env_extra: dict[str, str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | env_extra
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} | env_extra
     done = subprocess.run([sys.executable, "-m", "labutils.cli", "doctor", "--json"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -22,7 +22,7 @@ def test_the_report_says_what_the_machine_has():
     report = doctor({})
     assert report["cpu_cores"] == len(os.sched_getaffinity(0))
     assert report["recommended_world_size"] >= 2 and report["backends"]["gloo"] is True
-    assert not any("OMP_NUM_THREADS" in a for a in report["advice"])
+    assert not any("_NUM_THREADS" in a for a in report["advice"])
 
 
 @pytest.mark.parametrize("value, advised", [("64", True), ("1", False)])
@@ -37,3 +37,17 @@ def test_threads_from_the_environment_that_overfill_the_cores_are_named(value, a
         assert said[0].startswith(f"OMP_NUM_THREADS={value} in the environment: each rank computes "
                                   "with ") and said[0].endswith("unset it (each rank then gets 1) "
                                                                 "or set it to 1")
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"MKL_NUM_THREADS": "64"}, "MKL_NUM_THREADS=64"),
+    # torch reads MKL_NUM_THREADS first: the launcher's OMP_NUM_THREADS=1 does not help
+    ({"MKL_NUM_THREADS": "4", "OMP_NUM_THREADS": "1"}, "MKL_NUM_THREADS=4"),
+    ({"MKL_NUM_THREADS": "8", "OMP_NUM_THREADS": "8"}, "MKL_NUM_THREADS=8 and OMP_NUM_THREADS=8"),
+    ({"MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "8"}, None),  # torch takes 1 thread
+])
+def test_the_variable_torch_takes_its_threads_from_is_the_one_named(env, named):
+    report = doctor(env)
+    said = [a for a in report["advice"] if "_NUM_THREADS=" in a]
+    assert [a.split(" in the environment:")[0] for a in said] == ([named] if named else []), \
+        report["advice"]

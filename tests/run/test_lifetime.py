@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS
+from helpers import SCRIPTS, stop_once
 
 from labutils import launch
 from labutils.run.display import Display
@@ -152,9 +152,13 @@ def test_a_stopped_rank_gets_one_sigterm(runs_dir, tmp_path):
     agent's grace is over (runtime/agent.py: AGENT_GRACE_S), then SIGKILL."""
     from labutils.runtime.agent import AGENT_GRACE_S
 
+    # Stop once both ranks' handlers are in place (a fixed timeout of 4 s came first on a
+    # loaded machine, cold: a rank had not yet made its file)
+    handlers = [tmp_path / f"rank{rank}.txt" for rank in (0, 1)]
     script = SCRIPTS / "counts_sigterm.py"
-    result = launch(script, 2, args=[str(tmp_path)], display="none", hang_timeout=None, timeout=4)
-    assert result.reason == "timeout", result.summary()
+    result = launch(script, 2, args=[str(tmp_path)], hang_timeout=None, timeout=120,
+                    display=stop_once(lambda d: all(p.exists() for p in handlers), after_s=0.2))
+    assert result.reason == "stopped", result.summary()
     for rank in (0, 1):
         times = [float(t) for t in (tmp_path / f"rank{rank}.txt").read_text().split()]
         assert times and [t for t in times if t - times[0] < AGENT_GRACE_S * 0.75] == times[:1], \

@@ -54,6 +54,10 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, ["lib", os.environ.get("PYTHONPATH")])))
+    # The launcher's OMP_NUM_THREADS=1 for 2 ranks, which a caller's own would replace;
+    # torch reads MKL_NUM_THREADS before it: a user's would overrule it (the doctor names it)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     warm.server_for({**os.environ, "OMP_NUM_THREADS": "1"})
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tmp").mkdir()
@@ -132,8 +136,10 @@ def test_a_caller_that_built_a_ddp_model_keeps_its_server(runs_dir, monkeypatch)
 def test_a_killed_server_is_replaced(runs_dir):
     first = launch(SEES, 2, display="none")
     # the launcher's OMP_NUM_THREADS=1 for several ranks, unless the caller set one
-    omp = os.environ.get("OMP_NUM_THREADS", "1")
-    server = next(s for s in warm.servers() if s.import_env.get("OMP_NUM_THREADS") == omp)
+    # (and the rest of what it imports with: other servers of this worker may share the
+    # variable, e.g. under an OMP_NUM_THREADS the user set)
+    key = warm.import_env({**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    [server] = [s for s in warm.servers() if s.import_env == key]
     os.kill(server.pid, signal.SIGKILL)
     server.proc.wait(timeout=10)
     again = launch(SEES, 2, display="none")

@@ -6,6 +6,9 @@ import os
 import platform
 import sys
 
+# What torch takes a rank's thread count from, in the order it reads them.
+THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS")
+
 
 def recommended_world_size(cores: int, gpus: int) -> int:
     """Ranks to use for the lessons: one per GPU, else one per core between 2 and 4."""
@@ -35,13 +38,17 @@ def environment_report() -> dict:
         advice.append(f"the lessons start up to 4 ranks; with {cores} core(s) the ranks share "
                       "cores: results stay exact, timings show contention rather than scaling")
     threads = torch.get_num_threads()
-    if "OMP_NUM_THREADS" in os.environ and threads > 1 and threads * world > (cores or 1):
-        # The launcher gives each rank 1 thread unless the environment says otherwise,
-        # as torchrun does; torch reads the variable (here too) and caps it at the cores.
-        advice.append(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} in the environment: each "
-                      f"rank computes with {threads} threads, {threads * world} for {world} ranks "
-                      f"on {cores} core(s), and the lessons' timings slow down from it; unset it "
-                      "(each rank then gets 1) or set it to 1")
+    # The launcher gives each rank OMP_NUM_THREADS=1 unless the environment sets it, as
+    # torchrun does; torch reads MKL_NUM_THREADS first, then OMP_NUM_THREADS (here too),
+    # and caps the count at the cores. Named: those set to more than 1.
+    named = [name for name in THREAD_VARIABLES if os.environ.get(name, "1").strip() != "1"]
+    if named and threads > 1 and threads * world > (cores or 1):
+        them = "them" if len(named) > 1 else "it"
+        advice.append(" and ".join(f"{name}={os.environ[name]}" for name in named) +
+                      f" in the environment: each rank computes with {threads} threads, "
+                      f"{threads * world} for {world} ranks on {cores} core(s), and the lessons' "
+                      f"timings slow down from it; unset {them} (each rank then gets 1) or set "
+                      f"{them} to 1")
     return {
         "python": sys.version.split()[0],
         "platform": f"{platform.system()} {platform.machine()}",  # not the kernel build: machine-specific
