@@ -42,6 +42,9 @@ args = parser.parse_args()
 
 WIDTH, LAYERS = 1024, 4
 rank, world_size, device = init()
+# One core per rank, as the notebook's OMP_NUM_THREADS=1 asks: a MKL_NUM_THREADS set in
+# the environment would otherwise win (torch reads it first) and the ranks share cores.
+torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]).to(device)
 ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
