@@ -47,6 +47,7 @@ parser.add_argument("--timeline-steps", type=int, default=3, help="steps recorde
 args = parser.parse_args()
 
 rank, world_size, device = init()
+torch.set_num_threads(1)  # one core per rank, whatever MKL_NUM_THREADS says (torch reads it first)
 
 
 def train_step(ddp, step: int, n: int = 32) -> None:

@@ -57,6 +57,7 @@ parser.add_argument("--rounds", type=int, default=7, help="timed rounds (one ste
 args = parser.parse_args()
 
 rank, world_size, device = init()
+torch.set_num_threads(1)  # one core per rank, whatever MKL_NUM_THREADS says (torch reads it first)
 
 
 def finish() -> None:

@@ -37,6 +37,7 @@ WIDTH, LAYERS, MICRO = 1024, 8, 64
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 
 rank, world_size, device = init()
+torch.set_num_threads(1)  # one core per rank, whatever MKL_NUM_THREADS says (torch reads it first)
 if world_size != 2:
     raise SystemExit(f"bubble.py is a pipeline of 2 ranks, not {world_size}")
 torch.manual_seed(0)

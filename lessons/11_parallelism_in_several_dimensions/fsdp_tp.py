@@ -70,6 +70,7 @@ parser.add_argument("--batch", type=int, default=BATCH, help="sequences per data
 args = parser.parse_args()
 
 rank, world_size, device = init()
+torch.set_num_threads(1)  # one core per rank, whatever MKL_NUM_THREADS says (torch reads it first)
 if world_size != 4:
     raise SystemExit(f"fsdp_tp.py needs 4 ranks for its 2 x 2 mesh, not {world_size}")
 
