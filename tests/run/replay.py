@@ -18,6 +18,7 @@ import contextlib
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from labutils.run.backends import LocalAgents
@@ -75,9 +76,12 @@ def record(how: str, start: str, nproc: int, failing: int, out: Path) -> None:
 
     from labutils import launch
 
-    result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
-                    hang_timeout=4, timeout=90, log_dir=out.parent / ".tmp",
-                    warm=start == "warm")
+    # the ranks' temporary folder is one of its own, as in test_endings.py: a DataLoader
+    # worker killed after it sent a batch leaves its multiprocessing folder (pymp-*)
+    with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
+        result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
+                        hang_timeout=4, timeout=90, log_dir=out.parent / ".tmp",
+                        warm=start == "warm", env={"TMPDIR": tmp})
     shutil.rmtree(out, ignore_errors=True)
     for pattern in FILES:
         for path in Path(result.log_dir).glob(pattern):

@@ -178,7 +178,7 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code & 0xFF
-    print(text_of(exc.code), file=sys.stderr)
+    write_stderr(text_of(exc.code) + "\n")
     return 1
 
 
