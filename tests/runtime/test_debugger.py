@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS
+from helpers import SCRIPTS, iopub_until
 
 from labutils import launch
 from labutils.notebook.display import Display, TextDisplay
 from labutils.runtime.debugger import waiting_sockets
 from labutils.runtime.procs import pid_alive
-from helpers import iopub_until
 
 pytestmark = pytest.mark.slow
 SCRIPT = SCRIPTS / "breakpoint_rank1.py"
@@ -234,3 +233,25 @@ def test_debug_says_why_it_has_nothing_to_attach_to(tmp_path, capsys, monkeypatc
     assert said(str(run), "--rank", "1") == (
         f"labutils debug: rank 1 of {run} does not wait for a debugger now; rank 0 does: "
         "leave out --rank or pick one of them\n")
+
+
+@pytest.mark.parametrize("how", ["warm", "cold"])
+def test_a_rank_ended_at_its_breakpoint_leaves_no_socket_folder(tmp_path, how):
+    """Rank 0 waits at breakpoint() for a debugger nobody opens while rank 1 raises, so
+    its agent ends rank 0 there. A rank removes its socket's folder when its session
+    ends; this one never ends its session, and its folders were left in the temporary
+    folder, one for every such run, until the launcher removed them."""
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    out = io.StringIO()  # a notebook's text display: the rank waits for `labutils debug`
+    result = launch(SCRIPTS / "endings.py", 2, args=["breakpoint_peer", "1"],
+                    display=TextDisplay(out=out, err=out), backend="gloo", warm=how == "warm",
+                    timeout=90, env={"TMPDIR": str(tmp)}, log_dir=tmp_path / "runs")
+    assert result.start == how and result.failure is not None and result.failure.rank == 1
+    events = [json.loads(line) for line in
+              (result.log_dir / "rank0" / "events.jsonl").read_text().splitlines()]
+    sockets = [ev["socket"] for ev in events if ev.get("kind") == "debugger"
+               and ev.get("state") == "waiting"]
+    assert len(sockets) == 1 and sockets[0].startswith(str(tmp)), events
+    assert not any(ev.get("state") == "ended" for ev in events), events
+    assert not Path(sockets[0]).parent.exists()

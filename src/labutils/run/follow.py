@@ -96,6 +96,9 @@ class Run:
         self._finished_at: float | None = None
         self._wait_noted = False
         self._last_tick = 0.0
+        # A rank's debugger socket on this machine, while a session may be open: a rank
+        # ended at its breakpoint cannot remove the socket's folder itself (_shutdown).
+        self._debug_sockets: dict[int, str] = {}
 
     @property
     def ranks(self) -> list[RankState]:
@@ -327,6 +330,9 @@ class Run:
         self.state.backend.stop(ranks, self.state.reason, self.display.note, again=again)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
         self._poll(final=True)
+        for socket_path in self._debug_sockets.values():  # ranks that ended at a breakpoint
+            runfiles.remove_socket_folder(socket_path, runfiles.DEBUG_SOCKET_PREFIX)
+        self._debug_sockets.clear()
         for output in self.state.output:
             output.close()
         for tail in self.events:
@@ -392,6 +398,10 @@ class Run:
                     f"other ranks wait. Debug it there: labutils debug "
                     f"{runfiles.relative_path(self.state.run_dir)} --rank {rank}")
                 return
+            if event.get("state") == "waiting" and event.get("socket"):
+                self._debug_sockets[rank] = event["socket"]
+            elif event.get("state") == "ended":
+                self._debug_sockets.pop(rank, None)
             self.display.debugger(rank, event)
 
     def _close_attempt(self, attempt: Attempt, next_world_size: int) -> None:

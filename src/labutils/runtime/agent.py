@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -45,6 +44,7 @@ from labutils.runtime.runfiles import (
     WORLD_SOCKET_PREFIX,
     EventWriter,
     endings_path,
+    remove_socket_folder,
 )
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -200,9 +200,7 @@ def end_tree(agent: int, *, stopping: bool) -> int | None:
 def remove_world_socket() -> None:
     """Remove the folder of a persistent world's socket, which its caller (now gone: a
     kernel killed or restarted) would have removed when the world ended."""
-    path = os.environ.get(ENV_WORLD_SOCKET)
-    if path and os.path.basename(os.path.dirname(path)).startswith(WORLD_SOCKET_PREFIX):
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    remove_socket_folder(os.environ.get(ENV_WORLD_SOCKET), WORLD_SOCKET_PREFIX)
 
 
 def _exit_like(status: int | None, stop_signal: int | None) -> None:

@@ -19,7 +19,8 @@ talks over a Unix socket of the rank's own:
 - under the grader (LABUTILS_GRADE_TAG set) nobody can type: breakpoints are passed over.
 
 The socket lives in a private folder under the system's temporary folder (mode 0700),
-removed when the session ends.
+removed when the session ends, or by the launcher when the run ends with the rank
+still at its breakpoint (stopped, or ended by its agent when a peer failed).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ class Listener:
 
     def accept(self) -> socket.socket:
         """Open the socket, say where it is, wait for the console (the rank pauses here)."""
-        from labutils.runtime.runfiles import socket_folder
+        from labutils.runtime.runfiles import DEBUG_SOCKET_PREFIX, socket_folder
 
         name = f"rank{self.rank}.sock"
-        self.folder = socket_folder("labutils-debug-", name)
+        self.folder = socket_folder(DEBUG_SOCKET_PREFIX, name)
         path = os.path.join(self.folder, name)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -69,6 +70,9 @@ ENV_LINK = "LABUTILS_LINK"
 ENV_WORLD_SOCKET = "LABUTILS_WORLD_SOCKET"
 # ...in a private folder of this name; a keeper whose caller died removes it (runtime/agent.py)
 WORLD_SOCKET_PREFIX = "labutils-world-"
+# A rank at a breakpoint listens in a private folder of this name (runtime/debugger.py);
+# the launcher removes it when the run ends with the rank still there (run/follow.py)
+DEBUG_SOCKET_PREFIX = "labutils-debug-"
 # Read by the launcher and the display:
 ENV_RUNS_DIR = "LABUTILS_RUNS_DIR"  # where run folders go when launch() gets no log_dir
 ENV_DISPLAY = "LABUTILS_DISPLAY"  # what display="auto" means ("text" under the grader)
@@ -185,6 +189,13 @@ def socket_folder(prefix: str, name: str) -> str:
         return folder
     os.rmdir(folder)
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def remove_socket_folder(path: str | None, prefix: str) -> None:
+    """Remove the folder socket_folder(prefix, ...) made for the socket at path, when
+    that is what the folder is (its name starts with prefix); anything else is left."""
+    if path and os.path.basename(os.path.dirname(path)).startswith(prefix):
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, sync: bool = False) -> None:
