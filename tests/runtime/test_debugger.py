@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -241,17 +242,17 @@ def test_a_rank_ended_at_its_breakpoint_leaves_no_socket_folder(tmp_path, how):
     its agent ends rank 0 there. A rank removes its socket's folder when its session
     ends; this one never ends its session, and its folders were left in the temporary
     folder, one for every such run, until the launcher removed them."""
-    tmp = tmp_path / "t"
-    tmp.mkdir()
     out = io.StringIO()  # a notebook's text display: the rank waits for `labutils debug`
-    result = launch(SCRIPTS / "endings.py", 2, args=["breakpoint_peer", "1"],
-                    display=TextDisplay(out=out, err=out), backend="gloo", warm=how == "warm",
-                    timeout=90, env={"TMPDIR": str(tmp)}, log_dir=tmp_path / "runs")
-    assert result.start == how and result.failure is not None and result.failure.rank == 1
-    events = [json.loads(line) for line in
-              (result.log_dir / "rank0" / "events.jsonl").read_text().splitlines()]
-    sockets = [ev["socket"] for ev in events if ev.get("kind") == "debugger"
-               and ev.get("state") == "waiting"]
-    assert len(sockets) == 1 and sockets[0].startswith(str(tmp)), events
-    assert not any(ev.get("state") == "ended" for ev in events), events
-    assert not Path(sockets[0]).parent.exists()
+    with tempfile.TemporaryDirectory(prefix="dbg-") as tmp:  # short: the socket fits in it
+        result = launch(SCRIPTS / "endings.py", 2, args=["breakpoint_peer", "1"],
+                        display=TextDisplay(out=out, err=out), backend="gloo",
+                        warm=how == "warm", timeout=90, env={"TMPDIR": tmp},
+                        log_dir=tmp_path / "runs")
+        assert result.start == how and result.failure is not None and result.failure.rank == 1
+        events = [json.loads(line) for line in
+                  (result.log_dir / "rank0" / "events.jsonl").read_text().splitlines()]
+        sockets = [ev["socket"] for ev in events if ev.get("kind") == "debugger"
+                   and ev.get("state") == "waiting"]
+        assert len(sockets) == 1 and sockets[0].startswith(tmp), events
+        assert not any(ev.get("state") == "ended" for ev in events), events
+        assert not Path(sockets[0]).parent.exists()

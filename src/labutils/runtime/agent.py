@@ -89,12 +89,43 @@ def record_endings(run_dir: str) -> None:
     popen_fork.Popen.poll = poll  # type: ignore[method-assign]
 
 
+def hold_signals_across_fork() -> None:
+    """Fork this agent's ranks (a warm run) with the signals torchrun's handlers catch
+    blocked; the rank unblocks them once it has reset those handlers (worker.fresh_start).
+
+    torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT by raising an exception,
+    and a forked rank keeps those handlers until its bootstrap resets them. A rank
+    stopped in that moment (Stop or a timeout just as the ranks start, the agent ending
+    its ranks while it still forks the last) raised torch's SignalException in torch's
+    own frames and exited 1, and torch left an error file in the temporary folder; a
+    cold rank stopped as it starts dies of the signal. Blocked, the signal waits and
+    comes once the rank has the handlers a cold rank has: it dies of it, as a cold rank
+    does. Forks of other processes (a rank's DataLoader workers) are left alone."""
+    from labutils.runtime.worker import INHERITED_HANDLERS
+
+    agent, held = os.getpid(), {*INHERITED_HANDLERS, signal.SIGINT}
+    masks: list[set[int]] = []
+
+    def before() -> None:
+        if os.getpid() == agent:
+            masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, held))
+
+    def after_in_parent() -> None:
+        if os.getpid() == agent and masks:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masks.pop())
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent,
+                        after_in_child=masks.clear)
+
+
 def run_agent(argv: list[str], keeper: int) -> None:
     """The keeper's child: torchrun's agent in this (forked) interpreter."""
     die_with_parent(keeper)
     os.environ[ENV_AGENT_PID] = str(os.getpid())
     if os.environ.get(ENV_RUN_DIR):
         record_endings(os.environ[ENV_RUN_DIR])
+    if "--start-method=fork" in argv or ("--start-method", "fork") in zip(argv, argv[1:]):
+        hold_signals_across_fork()  # the ranks are forks of this process (a warm run)
     sys.argv = ["torchrun", *argv]
     # what the torchrun command runs (its console script); a warm server imported the
     # module already, a cold agent imports it here

@@ -47,6 +47,10 @@ from labutils.runtime.frames import caught_elsewhere, is_bootstrap, learners_fra
 from labutils.runtime.procs import die_with_parent
 
 STACK_SIGNAL = signal.SIGUSR1
+# Signals whose handlers a forked rank inherits from torchrun's agent and resets to what
+# a fresh interpreter has (fresh_start; SIGINT too, to Python's KeyboardInterrupt).
+INHERITED_HANDLERS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                      signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD)
 PROGRESS_INTERVAL_S = 0.5
 # The main thread counts as progressing when it used at least this share of one core.
 _CPU_PROGRESS_SHARE = 0.05
@@ -461,10 +465,11 @@ def fresh_start() -> None:
     import multiprocessing.process as mp_process
     import weakref
 
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-                signal.SIGALRM, signal.SIGCHLD):
+    for sig in INHERITED_HANDLERS:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The agent forked this rank with these signals blocked (agent.hold_signals_across_fork):
+    # one that came since is delivered now, to the handler a cold rank would have.
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # multiprocessing's and weakref's private state: what a fresh interpreter starts with
     for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
