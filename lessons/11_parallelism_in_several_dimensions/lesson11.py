@@ -23,12 +23,12 @@ def _part(records: Iterable[dict], part: str, rank: int | None = 0) -> list[dict
 
 
 def _size(nbytes: float) -> str:
-    return f"{nbytes / MiB:g} MiB" if nbytes >= MiB else f"{nbytes / KiB:g} KiB"
+    return f"{nbytes / KiB:g}"  # KiB, which the column's header names
 
 
 def calls_text(calls: list[dict]) -> str:
-    """'2 x all_reduce 256 KiB, 1 x all_gather 1 MiB': the collectives, by kind and
-    array size, in the order each kind first appears."""
+    """'2 x all_reduce 256, 1 x all_gather 1024': the collectives, by kind and array
+    size in KiB, in the order each kind first appears."""
     counts = Counter((c["op"], c["nbytes"]) for c in calls)
     return ", ".join(f"{n} x {op} {_size(nbytes)}" for (op, nbytes), n in counts.items()) or "none"
 
@@ -59,7 +59,7 @@ def tp_collectives_table(run) -> str:
     for w in _part(run.records, "way"):
         rows.append([w["way"], "forward", calls_text(w["forward"]), f"{sent(w['forward']) / KiB:.0f}"])
         rows.append(["", "backward", calls_text(w["backward"]), f"{sent(w['backward']) / KiB:.0f}"])
-    return text_table(["way", "pass", "collectives (array size)", "sent per rank (KiB)"], rows,
+    return text_table(["way", "pass", "collectives (array size in KiB)", "sent per rank (KiB)"], rows,
                       right=[3])
 
 
@@ -326,7 +326,7 @@ def mesh_table(run) -> str:
             calls = [c for c in rec[pass_] if c["mesh_dim"] == dim]
             rows.append([dim if pass_ == "forward" else "", pass_, calls_text(calls),
                          f"{sent(calls) / KiB:.0f}"])
-    return text_table(["mesh dim", "pass", "collectives (array size)", "sent per rank (KiB)"], rows,
+    return text_table(["mesh dim", "pass", "collectives (array size in KiB)", "sent per rank (KiB)"], rows,
                       right=[3])
 
 

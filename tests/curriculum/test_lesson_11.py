@@ -45,7 +45,7 @@ def ways(n: int = 2, *, sp_all_reduce: bool = False, saved_lp: float | None = No
 
 def test_calls_are_grouped_by_kind_and_size_in_order():
     calls = [call("all_reduce", ACT), call("all_gather", LOGITS), call("all_reduce", ACT)]
-    assert L.calls_text(calls) == "2 x all_reduce 256 KiB, 1 x all_gather 1 MiB"
+    assert L.calls_text(calls) == "2 x all_reduce 256, 1 x all_gather 1024"
     assert L.calls_text([]) == "none"
 
 
