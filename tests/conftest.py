@@ -221,10 +221,16 @@ def _measuring_pass(config) -> bool:
     return not hasattr(config, "workerinput") and not getattr(config.option, "numprocesses", None)
 
 
+_SESSION: dict = {}
+
+
 def pytest_sessionstart(session):
-    """Start noting what other processes take while this session runs (summary below)."""
+    """Start noting what other processes take while this session runs (summary below),
+    and when it started (what it leaves in the temporary folder: pytest_sessionfinish)."""
     from helpers import OtherLoad
 
+    if not hasattr(session.config, "workerinput"):
+        _SESSION["started"] = time.time()
     if _measuring_pass(session.config):
         _LOAD.update(wall=time.monotonic(),
                      others=OtherLoad(os.getpid(), token=SESSION_TOKEN.encode()))
@@ -245,6 +251,26 @@ def pytest_terminal_summary(terminalreporter, config):
         f"other processes while this session ran: {total:.0f} CPU-s in {wall:.0f} s "
         f"({total / max(wall, 1e-9):.2f} cores on average){'; most: ' + top if top else ''}"
         + (f"; the busiest one ({busiest[1]:.0f} s): {busiest[0]}" if busiest and busiest[1] >= 5 else ""))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A session (with xdist: once every worker is done) fails if the runs it made left
+    anything of theirs in the temporary folder."""
+    from helpers import left_behind
+
+    if "started" not in _SESSION:
+        return
+    found = left_behind(_SESSION["started"])
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = f"left in the temporary folder by this session's runs: {', '.join(found)}"
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_line(line, red=True)
+        else:
+            print(line, file=sys.stderr)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_addoption(parser):

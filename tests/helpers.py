@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -213,3 +214,26 @@ def stop_once(ready, *, after_s: float = 1.0):
             self.notes.append(text)
 
     return StopOnce()
+
+
+# What runs of the launcher (and torch under it) would leave in the temporary folder if
+# something ended badly: a rank's debugger socket folder, a persistent world's, torch's
+# error file of a function entry point whose bootstrap raised, torchrun's default log
+# folder, multiprocessing's folder of a rank's DataLoader.
+LEFT_BEHIND_PREFIXES = ("labutils-debug-", "labutils-world-", "pytorch-errorfile-",
+                        "torchelastic_", "pymp-")
+
+
+def left_behind(since: float, folder: str | None = None) -> list[str]:
+    """Entries of the temporary folder named as LEFT_BEHIND_PREFIXES, made or changed
+    since the time ``since``."""
+    folder = folder or tempfile.gettempdir()
+    found = []
+    for entry in os.scandir(folder):
+        try:
+            if entry.name.startswith(LEFT_BEHIND_PREFIXES) \
+                    and entry.stat(follow_symlinks=False).st_mtime >= since - 1:
+                found.append(entry.path)
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(found)
