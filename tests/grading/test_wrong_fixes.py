@@ -95,3 +95,13 @@ def test_a_solution_that_loses_points_here_voids_every_verdict(tmp_path, capsys)
     assert "LOSES" in table.splitlines()[1] and "loses points on: " in table
     assert cli(["wrongfixes", str(lab), "--only", first[0].name]) == 1
     assert "the solution itself loses points" in capsys.readouterr().out
+
+
+def test_the_command_says_what_is_wrong_with_its_lab_folder(tmp_path, capsys):
+    from labutils.cli import main as cli
+
+    for folder, expected in ((tmp_path / "absent", "is not a lab: expected lab.json there"),
+                             (REPO / "lessons", "is not a lab: expected lab.json there")):
+        assert cli(["wrongfixes", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err

@@ -303,6 +303,7 @@ def add_subcommand(sub) -> None:
                    help="run every check, even once the verdict is certain")
 
     def handler(ns) -> int:
+        load_lab(ns.lab)  # a folder that is no lab, or none at all, says so
         fixes = catalogue(ns.lab)
         unknown = sorted(set(ns.only) - {f.name for f in fixes})
         if not fixes or unknown:
