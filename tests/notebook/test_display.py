@@ -306,3 +306,42 @@ def test_the_summary_says_whose_traceback_the_root_causes_was_shown_as():
     d.lines(1, "stderr", traceback_lines(1, error="OSError: [Errno 22] Invalid argument"))
     d.finish(result)
     assert "traceback of rank 1: shown above" in out.getvalue().splitlines()
+
+
+def group_lines(shard: int) -> list[str]:
+    """An exception group's traceback as Python 3.11 prints it, in its margin."""
+    return ["  + Exception Group Traceback (most recent call last):",
+            '  |   File "lesson/load.py", line 12, in <module>',
+            '  |     raise ExceptionGroup("2 shards failed to load", errors)',
+            "  | ExceptionGroup: 2 shards failed to load (2 sub-exceptions)",
+            "  +-+---------------- 1 ----------------",
+            "    | Traceback (most recent call last):",
+            '    |   File "lesson/load.py", line 4, in load',
+            '    |     raise ValueError(f"shard {i} is missing")',
+            f"    | ValueError: shard {shard} is missing",
+            "    +------------------------------------"]
+
+
+def test_an_exception_groups_traceback_is_one_block_like_any_other():
+    """Its lines sit in a margin, so none was taken for the start of a traceback: the
+    summary printed the group's traceback a second time, and a rank that raised the
+    same group showed all of it again."""
+    d, out, err = display()
+    d.lines(0, "stderr", group_lines(0))
+    d.lines(1, "stderr", group_lines(0))
+    d.lines(2, "stderr", group_lines(7))
+    d.lines(2, "stderr", ["after the error"])
+    failure = Failure(rank=0, exc_type="ExceptionGroup",
+                      message="2 shards failed to load (2 sub-exceptions)", file="lesson/load.py",
+                      line=12, traceback="\n".join(group_lines(0)) + "\n")
+    d.finish(RunResult(ok=False, world_size=4, duration_s=1.0, log_dir=Path("runs/r1"),
+                       ranks=[RankResult(r, state="failed", exit_code=1) for r in range(4)],
+                       failure=failure, reason="failed"))
+    shown, summary = err.getvalue(), out.getvalue()
+    assert shown.count("Exception Group Traceback") == 1, shown
+    assert ("[rank 1] ExceptionGroup: the same traceback as rank 0's above (10 lines, in "
+            "runs/r1/rank1/stderr.log)") in shown
+    assert "[rank 2] ExceptionGroup: a traceback like rank 0's above, with a message of its own" \
+        in shown and "[rank 2]     | ValueError: shard 7 is missing" in shown
+    assert "[rank 2] after the error" in shown
+    assert "traceback of rank 0: shown above" in summary and "Exception Group" not in summary

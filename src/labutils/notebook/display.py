@@ -32,6 +32,11 @@ __all__ = ["Display", "TextDisplay"]  # Display: the interface, defined with the
 
 
 TRACEBACK_START = "Traceback (most recent call last):"
+# An exception group's traceback (Python 3.11): every line drawn in a margin of "|" and
+# "+", the group's own frames and exception at the first level ("  | ValueError: ...").
+GROUP_START = re.compile(r"^\s*\+ Exception Group Traceback \(most recent call last\):$")
+_GROUP_MARGIN = re.compile(r"^\s*[|+]")
+_GROUP_EXCEPTION = re.compile(r"^\s*\| (?=\S)")
 # Python's warnings.showwarning(): "path:line: Category: message", then the source line.
 WARNING_START = re.compile(r"^\S+:\d+: (\w*Warning): ")
 MAX_TRACEBACK_LINES = 400  # a longer block is not compared (it is shown as it comes)
@@ -60,7 +65,7 @@ def _message_key(line: str) -> str:
 
 def _block_kind(line: str) -> str | None:
     """'traceback' or 'warning' when the line starts one, else None."""
-    if line == TRACEBACK_START:
+    if line == TRACEBACK_START or GROUP_START.match(line):
         return "traceback"
     return "warning" if WARNING_START.match(line) else None
 
@@ -75,21 +80,32 @@ class _Block:
     lines: list[str] = field(default_factory=list)  # as written (keys are for matching)
 
     @property
+    def group(self) -> bool:
+        """An exception group's traceback, drawn in its margin."""
+        return bool(GROUP_START.match(self.lines[0]))
+
+    @property
     def exception_at(self) -> int | None:
         """Index of the line naming the exception (or warning): for a traceback the
-        first line after the frames."""
+        first line after the frames (a group's: in its margin)."""
         if self.kind == "warning":
             return 0
+        if self.group:
+            return next((i for i, k in enumerate(self.keys)
+                         if i and _GROUP_EXCEPTION.match(k)), None)
         return next((i for i, k in enumerate(self.keys)
                      if i and k and not k[0].isspace()), None)
 
     def takes(self, line: str) -> bool:
         """Whether the next line of this rank still belongs to the block: a warning's
-        indented source line; a traceback's frames and its message's lines."""
+        indented source line; a traceback's frames and its message's lines; every line
+        of a group's margin (its sub-exceptions' tracebacks)."""
         if len(self.keys) >= MAX_TRACEBACK_LINES:
             return False
         if self.kind == "warning":
             return line[:1].isspace()
+        if self.group:
+            return bool(_GROUP_MARGIN.match(line))
         at = self.exception_at
         return at is None or len(self.keys) - at <= MAX_MESSAGE_LINES
 
@@ -99,7 +115,7 @@ class _Block:
         if self.kind == "warning":
             m = WARNING_START.match(first)
             return m.group(1) if m else "Warning"
-        return first.split(":", 1)[0]
+        return _GROUP_EXCEPTION.sub("", first).split(":", 1)[0]
 
 
 @dataclass
