@@ -11,6 +11,7 @@ from helpers import REPO, SCRIPTS
 from labutils import launch
 from labutils.cli import main
 from labutils.errors import LaunchConfigError, cannot_write
+from labutils.runtime.runfiles import write_atomic
 
 LAB = str(REPO / "labs" / "01_data_sharding")
 HELLO = str(SCRIPTS / "hello.py")
@@ -37,6 +38,12 @@ def test_cannot_write_says_why(tmp_path, a_file):
     (["launch", "--log-dir", "{f}", HELLO],
      "labutils launch: --log-dir: expected a folder the run's logs can be written into, got "
      "'{f} ({f} is a file)'; pass a folder this process can write into"),
+    (["launch", "--json", "{f}/summary.json", HELLO],
+     "labutils launch: --json: expected a file in a folder this user can write, got "
+     "'{f}/summary.json ({f} is a file)'; pass e.g. --json summary.json, or leave it out"),
+    (["launch", "--json", "{d}", HELLO],
+     "labutils launch: --json: expected a file in a folder this user can write, got "
+     "'{d} (a folder is there)'; pass e.g. --json summary.json, or leave it out"),
     (["grade", LAB, LAB, "--out", "{f}/grades"],
      "labutils grade: --out {f}/grades: cannot write there ({f} is a file); expected a folder "
      "this user can write, e.g. --out grades"),
@@ -53,9 +60,20 @@ def test_cannot_write_says_why(tmp_path, a_file):
      "labutils k8s: --out: expected a file in a folder this user can write, got "
      "'{f}/job.yaml ({f} is a file)'; pass another --out, or leave it out to print it"),
 ])
-def test_a_path_no_command_can_write_is_one_line(words, said, a_file, capsys):
-    assert main([w.replace("{f}", str(a_file)) for w in words]) == 2
-    assert capsys.readouterr().err.splitlines() == [said.replace("{f}", str(a_file))]
+def test_a_path_no_command_can_write_is_one_line(words, said, a_file, tmp_path, capsys):
+    def fill(text: str) -> str:
+        return text.replace("{f}", str(a_file)).replace("{d}", str(tmp_path))
+
+    assert main([fill(w) for w in words]) == 2
+    assert capsys.readouterr().err.splitlines() == [fill(said)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [a_file.name]  # nothing ran
+
+
+def test_a_write_that_fails_leaves_no_temporary_file(tmp_path):
+    (tmp_path / "summary.json").mkdir()   # the rename onto a folder fails
+    with pytest.raises(IsADirectoryError):
+        write_atomic(tmp_path / "summary.json", "{}")
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
 def test_launch_says_which_setting_named_the_folder(a_file, monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
-from labutils.errors import InputError, LabutilsError
+from labutils.errors import InputError, LabutilsError, cannot_write
 from labutils.run.options import (
     add_launch_arguments,
     command_line_error,
@@ -60,6 +60,11 @@ def _cmd_launch(ns: argparse.Namespace) -> int:
     from labutils.run.launcher import last_result, launch
 
     kwargs = launch_kwargs(ns)  # script, nproc and the rest; bad combinations raise here
+    why = ns.json_file and cannot_write(ns.json_file, folder=False)
+    if why:  # said before the run, not after it as a traceback
+        raise InputError("--json", expected="a file in a folder this user can write",
+                         given=f"{ns.json_file} ({why})",
+                         fix="pass e.g. --json summary.json, or leave it out")
     # What `timeout`, systemd, schedulers and a closed terminal send: stop every rank,
     # write the summary, exit 128 + the signal (143, 129), as Ctrl-C exits 130.
     for signum in (signal.SIGTERM, signal.SIGHUP):

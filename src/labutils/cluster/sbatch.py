@@ -185,7 +185,7 @@ def sbatch_script(
                          fix="pass e.g. job_name='ddp-train'")
     if partition is not None and (not isinstance(partition, str) or not _NAME.match(partition)):
         raise InputError("partition", expected="a partition name (sinfo lists them)",
-                         given=partition, fix="pass e.g. partition='gpu', or None for the default")
+                         given=partition, fix="pass e.g. partition='gpu', or leave it out for the cluster's default")
     if not isinstance(time_limit, str) or not _TIME.match(time_limit):
         raise InputError("time_limit", expected="MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
                          given=time_limit, fix="pass e.g. time_limit='00:30:00'")

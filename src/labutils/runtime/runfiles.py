@@ -204,12 +204,16 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, sync: bool = Fal
     flush it to disk first (grades, which must survive a crash of the machine)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a folder at path, an interrupt: no half file left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def relative_path(path: str | os.PathLike) -> str:
