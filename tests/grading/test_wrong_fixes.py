@@ -105,3 +105,14 @@ def test_the_command_says_what_is_wrong_with_its_lab_folder(tmp_path, capsys):
         assert cli(["wrongfixes", str(folder)]) == 2
         err = capsys.readouterr().err
         assert expected in err and err.count("\n") == 1, err
+
+
+def test_a_name_the_catalogue_lacks_is_one_line_that_shows_a_name_it_has(capsys):
+    from labutils.cli import main as cli
+
+    lab = REPO / "labs" / "09_batchnorm"
+    assert cli(["wrongfixes", str(lab), "--only", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    first = catalogue(lab)[0].name
+    assert err.count("\n") == 1 and "no wrong fix named 'nosuch'" in err, err
+    assert f"one of the {len(catalogue(lab))} in its wrong_fixes.py, e.g. --only {first!r}" in err

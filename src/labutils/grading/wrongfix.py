@@ -306,9 +306,12 @@ def add_subcommand(sub) -> None:
         load_lab(ns.lab)  # a folder that is no lab, or none at all, says so
         fixes = catalogue(ns.lab)
         unknown = sorted(set(ns.only) - {f.name for f in fixes})
-        if not fixes or unknown:
-            raise GradingError(f"{ns.lab}: no wrong fix named {unknown[0]!r}" if unknown else
-                               f"{ns.lab} keeps no {WRONG_FIXES_FILE}; see labs/07_resume_after_kill")
+        if not fixes:
+            raise GradingError(f"{ns.lab} keeps no {WRONG_FIXES_FILE}; see labs/07_resume_after_kill")
+        if unknown:
+            raise GradingError(f"{ns.lab}: no wrong fix named {unknown[0]!r}; expected the whole "
+                               f"name of one of the {len(fixes)} in its {WRONG_FIXES_FILE}, e.g. "
+                               f"--only {fixes[0].name!r}, or no --only to grade them all")
         chosen = [fix for fix in fixes if not ns.only or fix.name in ns.only]
         rows = score_all(ns.lab, chosen, decide=not ns.full, control=True,
                          on_row=lambda row: print(format_row(row), flush=True))
