@@ -200,3 +200,44 @@ def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path)
     for rank in (0, 1):
         assert forwards[rank]["per_step"] == [[2, 2, 2], [2, 2, 2]]
         assert forwards[rank]["after_last_step"] == []
+
+
+SUBSET_SCRIPT = textwrap.dedent('''
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, Subset, TensorDataset
+
+    from labutils.dist import init
+
+    rank, world, _ = init()
+    data = TensorDataset(torch.arange(12, dtype=torch.float32).unsqueeze(1))
+    model = DDP(torch.nn.Linear(1, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(2):
+        order = torch.randperm(10, generator=torch.Generator().manual_seed(epoch))
+        share = Subset(Subset(data, range(2, 12)), order[rank::world])  # a Subset of a Subset
+        for (x,) in DataLoader(share, batch_size=5):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_data_probe_gives_a_subsets_items_as_the_datasets_indices(tmp_path):
+    """A script that shards with Subset(dataset, its share) hands its DataLoader positions
+    within the share; the probe gives the items' indices in the dataset underneath (lab
+    08 once failed such a correct fix: every rank seemed to train on items 0 to 4)."""
+    import torch
+
+    script = tmp_path / "script.py"
+    script.write_text(SUBSET_SCRIPT)
+    result = launch_measured(script, 2, measure=["data"], display="none", hang_timeout=30,
+                             timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    data = Run(label="script.py", result=result, learner_dir=tmp_path).probe("data")
+    for rank in (0, 1):
+        expected = [[[epoch, [2 + int(i) for i in torch.randperm(
+            10, generator=torch.Generator().manual_seed(epoch))[rank::2]]]] for epoch in range(2)]
+        assert data[rank]["steps"] == expected

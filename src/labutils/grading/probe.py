@@ -32,7 +32,8 @@ when the script ends well, sends what it measured with report(probe=...):
   are relative to it. A check can tell from them which ranks write a checkpoint,
   and whether they load it onto their own device (on GPUs, a load without
   map_location puts every rank's tensors on the GPU they were saved from);
-- data: the dataset indices of every batch a DataLoader handed this rank, grouped by
+- data: the dataset indices of every batch a DataLoader handed this rank (through a
+  Subset, the indices of its items in the dataset underneath), grouped by
   optimizer step (the batches taken since the step before), each with its pass: the
   how-manieth iteration over a DataLoader it came from (a new pass is one `for ... in
   loader`, an epoch in most scripts). Read from the loader's own sampler as it yields,
@@ -212,9 +213,10 @@ def _watch_batches() -> dict:
 
     def asked(self):
         index = next_index(self)
-        self.__dict__.setdefault("_probe_asked", []).append(
+        self.__dict__.setdefault("_probe_asked", []).append(_base_indices(
+            getattr(self, "_dataset", None),
             [int(i) for i in index] if isinstance(index, (list, tuple))
-            else [int(index)] if hasattr(index, "__index__") else [])
+            else [int(index)] if hasattr(index, "__index__") else []))
         return index
 
     def handed(self):
@@ -228,6 +230,22 @@ def _watch_batches() -> dict:
     _BaseDataLoaderIter._next_index = asked  # type: ignore[method-assign]
     _BaseDataLoaderIter.__next__ = handed  # type: ignore[method-assign]
     return seen
+
+
+def _base_indices(dataset, indices: list[int]) -> list[int]:
+    """A sampler's indices into a Subset (of a Subset ...) as the indices of the items in
+    the dataset underneath, which is what "the items a rank trained on" means: a script
+    that shards with Subset(dataset, its share) hands out positions within its share."""
+    from torch.utils.data import Subset
+
+    mapped = indices
+    try:
+        while isinstance(dataset, Subset):
+            mapped = [int(dataset.indices[i]) for i in mapped]
+            dataset = dataset.dataset
+    except (IndexError, TypeError, ValueError):  # not indices the subset can map: as asked
+        return indices
+    return mapped
 
 
 def _batch_size(args) -> int | None:
