@@ -134,7 +134,8 @@ def skips_the_corrupt_steps(c):
             _same_steps_skipped(c, run, nproc, expected)
 
 
-@check("The weights are the same on every rank and equal one process on the whole batch", points=3)
+@check("The weights are the same on every rank and equal one process on the whole batch", points=3,
+       required=True)
 def equals_one_process(c):
     reference = _reference(c)
     if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH} (the reference)"):

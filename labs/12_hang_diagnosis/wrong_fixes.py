@@ -59,4 +59,13 @@ WRONG_FIXES = [
         why="the sum counts the ranks with a corrupt reading: when two ranks hold one in the "
             "same step it is 2, no rank skips, and the NaN reaches every rank's weights",
         edits={"train.py": [("    if corrupt.item() > 0:\n", "    if corrupt.item() == 1:  # 1: a corrupt reading\n")]}),
+    WrongFix(
+        "the vote, plus gradient clipping against the NaNs",
+        why="the vote alone fixes the hang and skips every corrupt step; the clipping added to "
+            "fight the NaNs changes the large steps, so training no longer equals one process "
+            "on the whole batch",
+        edits={"train.py": [("    loss.backward()\n    optimizer.step()\n",
+                             "    loss.backward()\n"
+                             "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # no more blow-ups\n"
+                             "    optimizer.step()\n")]}),
 ]

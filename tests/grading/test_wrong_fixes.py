@@ -116,3 +116,54 @@ def test_a_name_the_catalogue_lacks_is_one_line_that_shows_a_name_it_has(capsys)
     first = catalogue(lab)[0].name
     assert err.count("\n") == 1 and "no wrong fix named 'nosuch'" in err, err
     assert f"one of the {len(catalogue(lab))} in its wrong_fixes.py, e.g. --only {first!r}" in err
+
+
+def _lab_with_a_notebook_answer(root, notebook_checks) -> tuple:
+    """A lab of two checks without launches: one of the edited file, one of the answer the
+    notebook saves (runs/answer.json, as lab 12's diagnosis), which a wrong fix, an edit of
+    the file, has no notebook to write."""
+    import json
+
+    lab, solution = root / "labs" / "answers", root / "solutions" / "answers"
+    lab.mkdir(parents=True)
+    solution.mkdir(parents=True)
+    (lab / "lab.json").write_text(json.dumps({
+        "title": "Answers", "notebook": "answers.ipynb", "edit": ["value.txt"],
+        "starter_fails": ["The value"], "notebook_checks": notebook_checks}))
+    (lab / "answers.ipynb").write_text(json.dumps({
+        "cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (lab / "value.txt").write_text("41\n")
+    (solution / "value.txt").write_text("42\n")
+    (lab / "checks.py").write_text(
+        "from labutils.grading import check\n\n\n"
+        "@check('The value is 42', points=2)\n"
+        "def value(c):\n"
+        "    c.expect(c.learner_file('value.txt').read_text().strip() == '42', 'value.txt')\n\n\n"
+        "@check('The saved answer is yes', points=1)\n"
+        "def answer(c):\n"
+        "    path = c.learner_file('runs/answer.json')\n"
+        "    c.expect(path.is_file() and path.read_text() == '\"yes\"', 'runs/answer.json')\n")
+    return lab, WrongFix("a value off by two", why="", edits={"value.txt": [("42", "40")]})
+
+
+def test_checks_of_the_notebooks_answers_count_as_passed_for_wrong_fixes(tmp_path):
+    """lab.json's "notebook_checks" name the checks that grade what the notebook saves: a
+    wrong fix is an edit of the files, so they count as earned, like the notebook's
+    points. Without them lab 12's unchanged solution lost its diagnosis's 3 of 14
+    points and `labutils wrongfixes` said every verdict meant nothing."""
+    from labutils.grading.batch import load_lab
+    from labutils.grading.release import learner_config
+
+    lab, fix = _lab_with_a_notebook_answer(tmp_path / "with", ["The saved answer"])
+    control, wrong = score_all(lab, [fix], scratch=tmp_path / "w1", control=True, decide=False)
+    assert control.full_marks and control.fraction == 1.0
+    assert [c["name"] for c in wrong.checks] == ["The value is 42"]   # the answer's not run
+    assert wrong.fraction == 2 / 4 and wrong.caught
+    assert "notebook_checks" not in learner_config(lab, load_lab(lab).config)  # the instructor's
+    lab, fix = _lab_with_a_notebook_answer(tmp_path / "without", [])
+    control, _ = score_all(lab, [fix], scratch=tmp_path / "w2", control=True, decide=False)
+    assert not control.full_marks and control.fraction == 3 / 4
+    lab, _ = _lab_with_a_notebook_answer(tmp_path / "typo", ["The answer saved"])
+    with pytest.raises(GradingError, match="\"notebook_checks\" must be a list of the starts of its "
+                                           "checks' names, got \\['The answer saved'\\]"):
+        load_lab(lab)

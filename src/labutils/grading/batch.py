@@ -67,6 +67,14 @@ class Lab:
     def pass_mark(self) -> float:
         return float(self.config.get("pass_mark", 0.6))
 
+    @property
+    def notebook_checks(self) -> tuple[str, ...]:
+        """lab.json's "notebook_checks": the starts of the names of the checks that grade
+        what the notebook saves (lab 12's diagnosis), not the files a learner edits; the
+        wrong fixes, which are edits of those files, are scored as if they passed, as they
+        are for the notebook's own points (grading/wrongfix.py)."""
+        return tuple(self.config.get("notebook_checks", ()))
+
 
 def lab_files(folder: Path) -> dict[str, bytes]:
     """Every file of a lab folder (no run folders, caches or hidden files)."""
@@ -115,6 +123,12 @@ def load_lab(folder: str | os.PathLike) -> Lab:
         sys.path[:] = saved
     if not checks:
         raise GradingError(f"lab {folder.name}: checks.py declares no @check function")
+    prefixes = config.get("notebook_checks", [])
+    if not isinstance(prefixes, list) or not all(
+            isinstance(p, str) and p and any(c["name"].startswith(p) for c in checks) for p in prefixes):
+        raise GradingError(f"lab {folder.name}: {LAB_CONFIG}'s \"notebook_checks\" must be a list "
+                           f"of the starts of its checks' names, got {prefixes!r}; e.g. "
+                           f"[{checks[0]['name'][:20]!r}]")
     return Lab(folder=folder, config=config, files=files, checks=checks)
 
 

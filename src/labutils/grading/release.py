@@ -27,7 +27,7 @@ from labutils.grading.batch import LAB_CONFIG, grade, load_lab
 from labutils.grading.report import totals
 from labutils.grading.runner import HIDDEN_CHECKS_FILE, hidden_summary
 
-INSTRUCTOR_KEYS = ("starter_fails",)   # lab.json keys a learner's copy leaves out
+INSTRUCTOR_KEYS = ("starter_fails", "notebook_checks")   # lab.json keys a learner's copy leaves out
 
 
 def learner_config(lab_folder: Path, config: dict) -> dict:

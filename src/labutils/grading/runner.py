@@ -123,13 +123,16 @@ def hidden_summary(folder: Path) -> dict:
 
 def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
                    hidden: bool = False, hidden_source: str | None = None,
-                   on_result=None) -> tuple[list, list]:
+                   on_result=None, skip: tuple[str, ...] = ()) -> tuple[list, list]:
     """Every check of the lab against the learner's scripts: (CheckResults, run summaries).
 
     hidden: run hidden_checks.py's checks too (the grader does), from hidden_source
-    when given. on_result(CheckResult) is called as each check finishes.
+    when given. on_result(CheckResult) is called as each check finishes. skip: the
+    checks whose names start with one of these are not run (the wrong fixes' scoring
+    leaves out the checks of the notebook's answers).
     """
-    checks = lab_checks(checks_dir, hidden=hidden, hidden_source=hidden_source)
+    checks = [fn for fn in lab_checks(checks_dir, hidden=hidden, hidden_source=hidden_source)
+              if not any(fn.__labutils_check__.name.startswith(p) for p in skip)]
     config = Path(checks_dir).resolve() / "lab.json"
     edit = json.loads(config.read_text()).get("edit", []) if config.is_file() else []
     checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch, edit=edit)

@@ -18,7 +18,9 @@ edit that no longer fits the solution fails loudly instead of testing nothing.
 `score_all()` runs the lab's checks, hidden ones included, on the edited files, the way the
 grader runs them minus the notebook (which adds nothing to what they measure), and gives
 the fraction of the lab's points the wrong fix would get with full notebook points: the
-most a submission with this fix could score. It stops once the verdict is certain.
+most a submission with this fix could score. The checks lab.json's "notebook_checks" names
+grade what the notebook saves (lab 12's diagnosis), which no edit of the files changes:
+they are not run, and count as passed too. It stops once the verdict is certain.
 Each wrong fix must stay strictly below its bound, and every bound is at most the pass
 mark. ``labutils wrongfixes LAB`` prints the table, after a control: the unchanged
 solution, which must score 1 (where it does not, every fix is "caught" for nothing).
@@ -253,7 +255,7 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
         error = ""
         try:
             run_lab_checks(lab, work / f"fix{i}" / "learner", work / f"fix{i}" / "scratch",
-                           hidden=True, on_result=seen)
+                           hidden=True, on_result=seen, skip=the_lab.notebook_checks)
         except _Decided:
             pass
         except Exception as exc:  # noqa: BLE001 - the lab's checks broke on this fix
