@@ -49,7 +49,7 @@ def accumulates(c):
         steps = run.probe("forwards").get(0, {}).get("per_step", [])
         c.expect(bool(steps) and all(sizes == [batch] * ACCUM for sizes in steps),
                  f"{nproc} ranks, --accum {ACCUM} --batch-size {batch}",
-                 measured="items in each forward pass through the DDP model, per optimizer step "
+                 measured="items in each forward pass through the model, per optimizer step "
                           f"(rank 0): {steps[:3]}{' ...' if len(steps) > 3 else ''}",
                  expected=f"{[batch] * ACCUM} every step")
 

@@ -135,6 +135,7 @@ DATA_SCRIPT = textwrap.dedent('''
 
     rank, world, _ = init()
     workers, persistent = int(sys.argv[1].rstrip("p")), sys.argv[1].endswith("p")
+    via_module = sys.argv[2:] == ["module"]  # accumulate through model.module, as no_sync would
     data = TensorDataset(torch.arange(12, dtype=torch.float32).unsqueeze(1))
     sampler = DistributedSampler(data, shuffle=True, seed=3)
     loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=workers,
@@ -144,7 +145,7 @@ DATA_SCRIPT = textwrap.dedent('''
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for k, (x,) in enumerate(loader):
-            model(x).sum().backward()
+            (model.module if via_module and k % 3 != 2 else model)(x).sum().backward()
             if k % 3 == 2:  # three batches a step: accumulation
                 opt.step()
                 opt.zero_grad()
@@ -188,12 +189,15 @@ def test_the_data_probe_sees_each_batch_a_dataloader_hands_over(tmp_path, worker
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path):
+@pytest.mark.parametrize("through", ["ddp", "module"])
+def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path, through):
     """DATA_SCRIPT accumulates three forward passes of 2 items per optimizer step, two
-    steps a rank; the batch it takes after its last step goes through no forward pass."""
+    steps a rank; the batch it takes after its last step goes through no forward pass.
+    A forward pass straight through model.module counts too (lab 04 once failed such a
+    correct fix: it skips DDP's reducer for the micro-batches that must not synchronise)."""
     script = tmp_path / "script.py"
     script.write_text(DATA_SCRIPT)
-    result = launch_measured(script, 2, measure=["forwards"], args=["0"], display="none",
+    result = launch_measured(script, 2, measure=["forwards"], args=["0", through], display="none",
                              hang_timeout=30, timeout=90, log_dir=tmp_path / "runs", backend="gloo")
     assert result.ok, result.summary()
     forwards = Run(label="script.py", result=result, learner_dir=tmp_path).probe("forwards")

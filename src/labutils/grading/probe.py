@@ -38,7 +38,8 @@ when the script ends well, sends what it measured with report(probe=...):
   how-manieth iteration over a DataLoader it came from (a new pass is one `for ... in
   loader`, an epoch in most scripts). Read from the loader's own sampler as it yields,
   so a check sees the data each rank was given, not what its script reports;
-- forwards: the forward passes through every DistributedDataParallel model, grouped by
+- forwards: the forward passes through every model a DistributedDataParallel wraps (by
+  way of the wrapper, or of its .module: a correct way to accumulate), grouped by
   optimizer step as data's batches are, each as the batch size of its first tensor
   argument: a check can tell micro-batches accumulated over several forward passes from
   one forward pass over them all.
@@ -145,8 +146,9 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
         state["models"].append(self.module)
         if "allreduce" in measures:  # becomes the model's communication hook
             state["recorders"].append(BucketRecorder(self))
-        if "forwards" in measures:
-            self.register_forward_pre_hook(
+        if "forwards" in measures:  # on the wrapped model: DDP's forward calls it, and so
+            # does a script that skips the reducer with model.module (as no_sync does)
+            self.module.register_forward_pre_hook(
                 lambda module, args: state["forwards_taken"].append(_batch_size(args)))
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]  # the probe's wrapper
