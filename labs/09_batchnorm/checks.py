@@ -6,7 +6,9 @@ Run them yourself from this folder (the grader runs the same ones):
 
 The reference is one process training the same model with plain BatchNorm, each step
 on every rank's batch of that step together (shards.reference_model). The statistics
-are read from each rank's BatchNorm layer by the grader's probe (measure=["buffers"]).
+are read from each rank's BatchNorm layer by the grader's probe (measure=["buffers"]),
+and the items of each forward pass through the DDP model too (measure=["forwards"]): each
+rank trains on its own shard, --batch-size items a step, not on every rank's items.
 
 Tolerance: a correct synchronisation computes the same statistics as the reference,
 only with sums taken in another order, so they differ by float32 rounding (about 1e-7
@@ -26,7 +28,7 @@ CASE = {"steps": 6, "batch_size": 8, "lr": 0.1, "seed": 0}
 def _run(c, nproc, case=CASE):
     return c.run("train.py", nproc, args=["--steps", case["steps"], "--batch-size",
                                           case["batch_size"], "--lr", case["lr"],
-                                          "--seed", case["seed"]], measure=["buffers"])
+                                          "--seed", case["seed"]], measure=["buffers", "forwards"])
 
 
 def _statistics(run) -> dict:
@@ -96,13 +98,41 @@ def same_on_every_rank(c):
             _identical_part(c, run, nproc)
 
 
+# Required, as the hidden case: statistics that are identical on every rank but not the
+# global batch's (a global count hard-coded for 2 ranks, or for 8 items a rank) earn the
+# check above, and would pass the lab on it.
 @check("The running statistics equal BatchNorm on the whole batch in one process, at 2 and 3 ranks",
-       points=4)
+       points=4, required=True)
 def equals_whole_batch(c):
     for nproc in (2, 3):
         run = _run(c, nproc)
         if c.completed(run, f"{nproc} ranks"):
             _reference_part(c, run, nproc, CASE)
+
+
+# Required: a rank that reads every shard and trains on the whole global batch itself
+# matches the reference exactly, with W times the work and no data parallelism.
+@check("Each rank trains on its own shard: every forward pass through DDP takes --batch-size "
+       "items, at 2 and 3 ranks", points=1, required=True)
+def own_shard(c):
+    size, steps = CASE["batch_size"], CASE["steps"]
+    for nproc in (2, 3):
+        run = _run(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        forwards = {rank: record["per_step"] for rank, record in run.probe("forwards").items()}
+        good = sorted(forwards) == list(range(nproc)) and all(
+            per_step == [[size]] * steps for per_step in forwards.values())
+        shown = {rank: per_step for rank, per_step in forwards.items()
+                 if per_step != [[size]] * steps} or forwards
+        c.expect(good, f"{nproc} ranks, --batch-size {size}",
+                 measured="; ".join(f"rank {rank}: {per_step[:3]}{' ...' if len(per_step) > 3 else ''}"
+                                    for rank, per_step in sorted(shown.items())[:2])
+                 + " (items in each forward pass through DDP, per optimizer step)"
+                 if forwards else "no forward pass through a DDP model",
+                 expected=f"{[[size]] * 3} ... on every rank, {steps} steps: one forward of the "
+                          f"rank's own {size} items (shard_batch) a step; {nproc * size} is every "
+                          "rank's batch")
 
 
 if __name__ == "__main__":

@@ -55,4 +55,28 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
         n = AllReduceSum.apply(count)[0]
         mean, var = stats[:self.num_features], stats[self.num_features:]  # the ranks' average
 ''')]}),
+    WrongFix(
+        "every rank trains on the global batch: reads every shard, no synchronisation",
+        why="each rank's plain BatchNorm sees every rank's items, so the statistics and weights "
+            "are the reference's exactly; but every rank does the whole step's work and the "
+            "shards are not shared out: each forward takes world size x batch size items",
+        base="starter",
+        edits={"train.py": [
+            ("from shards import held_out, make_model, shard_batch",
+             "from shards import global_batch, held_out, make_model"),
+            ("    x, y = shard_batch(step, rank=rank, size=args.batch_size, seed=args.seed)",
+             "    x, y = global_batch(step, world_size=world_size, size=args.batch_size, "
+             "seed=args.seed)")]}),
+    WrongFix(
+        "hard-codes the notebook's 8 items per rank in the global count",
+        why="right at --batch-size 8, the public case; with 5 items a rank (the hidden case) "
+            "the mean and variance are divided by the wrong count: identical on every rank, "
+            "but not the global batch's",
+        edits={"train.py": [("        n = total[-1]\n",
+                             "        n = 8 * dist.get_world_size()  # 8 items a rank\n")]}),
+    WrongFix(
+        "hard-codes the global batch as two ranks' worth of items",
+        why="right at 2 ranks, the notebook's; at 3 or 4 the statistics are identical on every "
+            "rank but divided by the wrong count",
+        edits={"train.py": [("        n = total[-1]\n", "        n = 2 * x.shape[0]  # two ranks\n")]}),
 ]
