@@ -48,7 +48,10 @@ def same_weights(c):
                  expected=f"one DDP model per rank, bitwise identical on all {nproc} ranks")
 
 
-@check("The weights equal one process training on the whole batch", points=2)
+# Required: ranks that end identical can still have thrown data away (rank 0's weights
+# broadcast after each step) or summed the gradients instead of averaging them; only the
+# weights of one process training on every rank's batch at once tell them apart.
+@check("The weights equal one process training on the whole batch", points=2, required=True)
 def equals_big_batch(c):
     run, reference = _run(c, 2), _run(c, 1, batch=2 * BATCH)
     if not (c.completed(run, "2 ranks, batch 4 each") and

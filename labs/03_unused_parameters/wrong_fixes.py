@@ -7,6 +7,15 @@ never in a learner's copy.
 from labutils.grading.wrongfix import WrongFix
 
 DDP_LINE = "model = DDP(TwoHeadNet().to(device), find_unused_parameters=not use_aux)"
+# The starter's step, and the same step with the default path through model.module,
+# which bypasses DDP (its forward would wait for aux_head's gradient): the two wrong fixes
+# below then keep the ranks in step by hand.
+STARTER_STEP = ("    else:\n        loss = F.cross_entropy(model(x), y)\n"
+                "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n")
+BYPASS = ("    else:\n        loss = F.cross_entropy(model.module(x), y)  # DDP's forward would wait for aux_head\n"
+          "    optimizer.zero_grad()\n    loss.backward()\n")
+WITH_DIST = ("import torch.nn.functional as F\n",
+             "import torch.distributed as dist\nimport torch.nn.functional as F\n")
 
 WRONG_FIXES = [
     WrongFix(
@@ -51,4 +60,26 @@ WRONG_FIXES = [
         base="starter",
         edits={"train.py": [('parser.add_argument("--aux-weight", type=float, default=0.0)',
                              'parser.add_argument("--aux-weight", type=float, default=0.1)')]}),
+    WrongFix(
+        "model.module to dodge DDP, then rank 0's weights broadcast so the ranks agree",
+        why="the ranks end identical, but no gradient is averaged: every step trains on rank "
+            "0's batch alone and the other ranks' items are thrown away; the weights differ "
+            "from one process training on the whole batch (a required check)",
+        base="starter",
+        edits={"train.py": [WITH_DIST, (STARTER_STEP, BYPASS + "    optimizer.step()\n"
+            "    if not use_aux:  # keep the ranks in step: everyone takes rank 0's weights\n"
+            "        for p in model.parameters():\n"
+            "            dist.broadcast(p.data, src=0)\n")]}),
+    WrongFix(
+        "model.module to dodge DDP, gradients all-reduced by hand but not divided by the world size",
+        why="the ranks end identical, but each step applies the sum of the ranks' gradients, "
+            "world_size times the mean DDP applies: the weights differ from one process "
+            "training on the whole batch (a required check)",
+        base="starter",
+        edits={"train.py": [WITH_DIST, (STARTER_STEP, BYPASS +
+            "    if not use_aux:  # DDP did not average the gradients: do it by hand\n"
+            "        for p in model.parameters():\n"
+            "            if p.grad is not None:\n"
+            "                dist.all_reduce(p.grad)\n"
+            "    optimizer.step()\n")]}),
 ]
