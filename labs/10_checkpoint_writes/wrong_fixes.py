@@ -45,4 +45,16 @@ WRONG_FIXES = [
             "torch.load still puts every tensor back on the device it was saved from, rank 0's "
             "GPU, on every rank (on CPU nothing shows it but the map_location check)",
         edits={"train.py": [("torch.load(args.ckpt, map_location=device)", "torch.load(args.ckpt)")]}),
+    WrongFix(
+        "every rank writes its own temporary file and renames it onto checkpoint.pt",
+        why="no two ranks share a file and each rename is atomic, so every kill is survived; "
+            "but every rank writes the whole checkpoint, the same bytes once per rank, and the "
+            "renames race onto one name: the files probe sees every rank put checkpoint.pt there",
+        edits={"train.py": [
+            ('    partial = path + ".partial"\n',
+             '    partial = f"{path}.{rank}.partial"  # no two ranks share it\n'),
+            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
+             "        write_checkpoint(",
+             "    if True:  # every rank, each through its own temporary file\n"
+             "        write_checkpoint(")]}),
 ]
