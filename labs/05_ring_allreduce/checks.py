@@ -27,7 +27,8 @@ def _rows(run):
 
 
 def _traffic(run, sizes) -> dict[int, dict[int, list]]:
-    """rank -> size -> the process-group operations ring_all_reduce made, [name, bytes].
+    """rank -> size -> the process-group operations ring_all_reduce made, [name, bytes,
+    peer] (the peer of a send or a receive, else None).
 
     The probe logs a rank's operations in order; ring_test.py calls dist.all_reduce on
     each size's reference before the ring, so each size's share starts after the first
@@ -37,7 +38,7 @@ def _traffic(run, sizes) -> dict[int, dict[int, list]]:
     for rank, record in run.probe("traffic").items():
         ops, starts, at = record["operations"], [], 0
         for size in sizes:
-            while at < len(ops) and ops[at] != ["allreduce", 4 * size]:
+            while at < len(ops) and ops[at][:2] != ["allreduce", 4 * size]:
                 at += 1
             starts.append(at)
             at += 1
@@ -84,7 +85,7 @@ def _bytes_sent(c, traffic, nproc: int, size: int, label: str) -> None:
     """One part: each rank sent 2(n-1)/n of the tensor of ``size`` elements, counted at the
     process group: not more (the naive ring sends n-1), not less (the rest went through
     something else than sends: a library collective)."""
-    sent = {rank: sum(n for name, n in ops[size] if name == "send") / (4 * size)
+    sent = {rank: sum(n for name, n, _ in ops[size] if name == "send") / (4 * size)
             for rank, ops in traffic.items()}
     optimal = 2 * (nproc - 1) / nproc
     slack = 2 * (nproc - 1) / size  # uneven chunks: one element more or less per message
@@ -95,7 +96,31 @@ def _bytes_sent(c, traffic, nproc: int, size: int, label: str) -> None:
                       "library collective 0.000 in sends")
 
 
-@check("ring_all_reduce uses only point-to-point operations", points=1)
+def _off_the_ring(traffic: dict[int, dict[int, list]], nproc: int) -> list[str]:
+    """How ranks talked other than around a ring: each rank sends to one neighbour only
+    and receives from the other only (either way round: (r + 1) % n, then (r - 1) % n)."""
+    odd = []
+    for rank, by_size in sorted(traffic.items()):
+        sent_to = {peer for ops in by_size.values() for name, _, peer in ops if name == "send"}
+        heard = {peer for ops in by_size.values() for name, _, peer in ops
+                 if name in POINT_TO_POINT and name != "send"}
+        neighbours = {(rank + 1) % nproc, (rank - 1) % nproc}
+        if len(sent_to) > 1 or len(heard) > 1 or not (sent_to | heard) <= neighbours \
+                or sent_to & heard:
+            odd.append(f"rank {rank} sent to {_ranks(sent_to)}, received from {_ranks(heard)}")
+    return odd
+
+
+def _ranks(peers: set) -> str:
+    return ", ".join("any rank" if p is None else f"rank {p}"
+                     for p in sorted(peers, key=lambda p: -1 if p is None else p)) or "none"
+
+
+# Required: a ring all-reduce that hands some tensors to dist.all_reduce, or sends each
+# chunk straight to the rank that sums it, gives the right sums and can send 2(n-1)/n of
+# the tensor: it is not the ring the lab asks for.
+@check("ring_all_reduce uses only point-to-point operations, between ring neighbours", points=1,
+       required=True)
 def point_to_point_only(c):
     for nproc in (2, 3):
         run = _run(c, nproc)
@@ -103,11 +128,18 @@ def point_to_point_only(c):
             continue
         traffic = _traffic(run, SIZES)
         used = sorted({name for ops in traffic.values() for size in SIZES
-                       for name, _ in ops[size] if name not in POINT_TO_POINT})
+                       for name, _, _ in ops[size] if name not in POINT_TO_POINT})
         c.expect(len(traffic) == nproc and not used, f"{nproc} ranks",
                  measured=f"process-group collectives called: {used or 'none'}"
                  if traffic else "no process-group operation was measured",
                  expected="none: only send/recv/isend/irecv")
+        if nproc > 2:  # on 2 ranks the other rank is both neighbours
+            odd = _off_the_ring(traffic, nproc)
+            c.expect(bool(traffic) and not odd, f"{nproc} ranks: who talks to whom",
+                     measured="; ".join(odd[:3]) or "each rank sends to one neighbour only and "
+                                                    "receives from the other only",
+                     expected="rank r sends only to (r + 1) % n and receives only from (r - 1) % n "
+                              "(or the other way round)")
 
 
 if __name__ == "__main__":

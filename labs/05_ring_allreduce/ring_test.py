@@ -44,8 +44,8 @@ for size in [int(s) for s in args.sizes.split(",")]:
     mine = data.clone()
     before = len(traffic)
     returned = ring_all_reduce(mine)
-    sent = sum(n for name, n in traffic[before:] if name == "send")
-    collectives = [name for name, _ in traffic[before:] if name not in POINT_TO_POINT]
+    sent = sum(n for name, n, _ in traffic[before:] if name == "send")
+    collectives = [name for name, _, _ in traffic[before:] if name not in POINT_TO_POINT]
     error = (mine - expected).abs().max().item()
     if returned is mine:
         what = "the input"

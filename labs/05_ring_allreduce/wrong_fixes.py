@@ -57,4 +57,44 @@ WRONG_FIXES = [
         passing = incoming
     return tensor
 ''')]}),
+    WrongFix(
+        "a direct exchange: each chunk goes straight to the rank that sums it, then back",
+        why="the right sums and 2(n-1)/n of the tensor in sends, but every rank talks to "
+            "every other (a reduce-scatter and an all-gather as all-to-all), not around a "
+            "ring of neighbours",
+        edits={"ring.py": [(RING, '''    chunks = tensor.view(-1).tensor_split(world)
+    mine = chunks[rank]
+    incoming = [torch.empty_like(mine) for _ in range(world)]
+    requests = []
+    for other in range(world):  # every rank sends me my chunk, I send each theirs
+        if other == rank:
+            continue
+        if chunks[other].numel():
+            requests.append(dist.isend(chunks[other], dst=other))
+        if mine.numel():
+            requests.append(dist.irecv(incoming[other], src=other))
+    for request in requests:
+        request.wait()
+    for other in range(world):
+        if other != rank:
+            mine += incoming[other]
+    requests = []
+    for other in range(world):  # then my summed chunk to every rank
+        if other == rank:
+            continue
+        if mine.numel():
+            requests.append(dist.isend(mine, dst=other))
+        if chunks[other].numel():
+            requests.append(dist.irecv(chunks[other], src=other))
+    for request in requests:
+        request.wait()
+    return tensor
+''')]}),
+    WrongFix(
+        "tensors with fewer elements than ranks handed to dist.all_reduce",
+        why="the edge case of empty chunks goes to the library collective the lab replaces",
+        edits={"ring.py": [(BODY, BODY + '''    if tensor.numel() < world:  # too small to cut into a chunk per rank
+        dist.all_reduce(tensor)
+        return tensor
+''')]}),
 ]

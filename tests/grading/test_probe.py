@@ -118,10 +118,10 @@ def test_the_probe_measures_inside_the_ranks_and_cannot_be_forged(tmp_path):
         mine = next(r["running_mean"] for r in run.rows("running_mean") if r["rank"] == rank)
         assert record["layers"]["1"]["running_mean"] == pytest.approx(mine)
     traffic = run.probe("traffic")
-    assert ["allreduce", 32] in traffic[0]["operations"]           # distributed_c10d.all_reduce
-    assert ["send", 20] in traffic[0]["operations"]
-    assert ["recv", 20] in traffic[1]["operations"]
-    assert not any(name == "send" for name, _ in traffic[1]["operations"])
+    assert ["allreduce", 32, None] in traffic[0]["operations"]     # distributed_c10d.all_reduce
+    assert ["send", 20, 1] in traffic[0]["operations"]             # 20 bytes to rank 1
+    assert ["recv", 20, 0] in traffic[1]["operations"]             # from rank 0
+    assert not any(name == "send" for name, _, _ in traffic[1]["operations"])
 
 
 DATA_SCRIPT = textwrap.dedent('''

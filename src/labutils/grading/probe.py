@@ -23,7 +23,8 @@ when the script ends well, sends what it measured with report(probe=...):
   torchrun's restart count: the count of an attempt killed halfway is known too, so
   a check can tell a resumed attempt from one that trains from step 0 again;
 - traffic: every operation this rank asked of a process group, in order, with the
-  bytes of its tensors: counted at the ProcessGroup itself, so it sees dist.isend,
+  bytes of its tensors and the peer of a send or a receive (count_traffic): counted at
+  the ProcessGroup itself, so it sees dist.isend,
   torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
 - files: what the rank did with files: every file it opened for writing (open(),
   torch.save() to a path), every rename (os.replace, os.rename) and every torch.load(),
@@ -277,9 +278,11 @@ def count_traffic() -> list[list]:
     Wraps the ProcessGroup's methods, which every Python path ends in (dist.*,
     torch.distributed.distributed_c10d.*, batch_isend_irecv, P2POp), so a wrapper of the
     dist.* names cannot be gone around. Returns the log, which grows as operations come:
-    [name, bytes] each, the ProcessGroup method's name (send, recv, allreduce, ...) and
-    the bytes of the tensors in its first argument: what a send sends, what a
-    collective contributes. Each call installs one more counter."""
+    [name, bytes, peer] each, the ProcessGroup method's name (send, recv, allreduce, ...),
+    the bytes of the tensors in its first argument (what a send sends, what a collective
+    contributes) and, for send and recv, the rank in the group it sends to or receives
+    from (None for the rest, and for a receive from any source). Each call installs one
+    more counter."""
     from torch.distributed import ProcessGroup
 
     log: list[list] = []
@@ -287,7 +290,9 @@ def count_traffic() -> list[list]:
     def counted(name, original):
         def operation(self, *args, **kwargs):
             first = args[0] if args else next(iter(kwargs.values()), None)
-            log.append([name, sum(t.numel() * t.element_size() for t in _tensors(first))])
+            peer = args[1] if name in ("send", "recv") and len(args) > 1 else None
+            log.append([name, sum(t.numel() * t.element_size() for t in _tensors(first)),
+                        int(peer) if isinstance(peer, int) else None])
             return original(self, *args, **kwargs)
         return operation
 
