@@ -5,7 +5,8 @@
 For a machine without the project's venv (a GPU machine with its own torch): put src/ on
 PYTHONPATH. Prints one line per notebook (seconds, status, the first error and its cell; with
 --keep-going every cell runs and each that raised is listed),
-then each `# NBVAL_CHECK_OUTPUT` cell whose output differs from the stored one after
+then each checked cell (tagged `nbval-check-output`, or marked `# NBVAL_CHECK_OUTPUT`)
+whose output differs from the stored one after
 lessons/sanitize.cfg's replacements (what nbval would fail: a claim that did not hold),
 and, with --out, writes each executed notebook and a JSON summary there.
 """
@@ -43,13 +44,20 @@ def cell_text(cell, rules: list[tuple[re.Pattern, str]]) -> str:
     return text
 
 
+CHECK_TAG = "nbval-check-output"   # nbval's tag; the lessons keep their cells' source clean
+
+
+def checked(cell) -> bool:
+    """Whether nbval compares this cell's output with the stored one (its tag or its comment)."""
+    return cell.cell_type == "code" and (CHECK_TAG in cell.get("metadata", {}).get("tags", [])
+                                         or "NBVAL_CHECK_OUTPUT" in cell.source)
+
+
 def check_differences(stored, ran, rules) -> list[str]:
-    """For each NBVAL_CHECK_OUTPUT cell that ran: its first line that differs from the stored run."""
+    """For each checked cell that ran: its first line that differs from the stored run."""
     found = []
     for index, (before, after) in enumerate(zip(stored.cells, ran.cells)):
-        if after.cell_type != "code" or not after.get("execution_count"):
-            continue
-        if "NBVAL_CHECK_OUTPUT" not in after.source:
+        if not checked(after) or not after.get("execution_count"):
             continue
         old, new = cell_text(before, rules).splitlines(), cell_text(after, rules).splitlines()
         if old == new:

@@ -28,8 +28,7 @@ def test_a_claim_that_turned_false_is_named_with_its_cell_and_times_are_not():
     rules = run_notebooks.sanitizers(LESSON03.parent)
     assert run_notebooks.check_differences(stored, ran, rules) == []
     checked = [i for i, c in enumerate(ran.cells)
-               if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source
-               and "True" in run_notebooks.cell_text(c, [])]
+               if run_notebooks.checked(c) and "True" in run_notebooks.cell_text(c, [])]
     index = checked[0]
     before = run_notebooks.cell_text(ran.cells[index], [])
     # another duration in the same cell is no difference (sanitize.cfg), a False is
@@ -41,16 +40,30 @@ def test_a_claim_that_turned_false_is_named_with_its_cell_and_times_are_not():
     assert len(found) == 1 and found[0].startswith(f"cell {index}: ") and "False" in found[0]
 
 
-def test_a_cell_that_did_not_run_and_an_unchecked_cell_are_not_compared():
+@pytest.mark.parametrize("how", ["tag", "comment"])
+def test_a_cell_that_did_not_run_and_an_unchecked_cell_are_not_compared(how):
+    first = (nbformat.v4.new_code_cell("print(1)", outputs=[_stream("1\n")],
+                                       metadata={"tags": ["nbval-check-output"]}) if how == "tag"
+             else nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)", outputs=[_stream("1\n")]))
     stored = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)", outputs=[_stream("1\n")]),
-        nbformat.v4.new_code_cell("print(2)", outputs=[_stream("2\n")])])
+        first, nbformat.v4.new_code_cell("print(2)", outputs=[_stream("2\n")],
+                                         metadata={"tags": ["other"]})])
     ran = copy.deepcopy(stored)
     ran.cells[0].outputs, ran.cells[1].outputs = [], [_stream("3\n")]
     ran.cells[1].execution_count = 1
     assert run_notebooks.check_differences(stored, ran, []) == []
     ran.cells[0].execution_count = 1
     assert run_notebooks.check_differences(stored, ran, []) == ["cell 0: stored '1', now '(no line)'"]
+
+
+def test_the_lessons_mark_their_checked_cells_with_the_tag_not_a_comment():
+    """A learner reads the cells' source: nbval's tag is in the cell's metadata, out of sight."""
+    tagged = 0
+    for path in sorted(ROOT.glob("lessons/*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        assert not [i for i, c in enumerate(cells) if "NBVAL" in c.source], path.name
+        tagged += sum(run_notebooks.checked(c) for c in cells)
+    assert tagged >= 150
 
 
 @pytest.mark.timeout(120)
