@@ -136,13 +136,15 @@ def _lab_with_a_notebook_answer(root, notebook_checks) -> tuple:
     (solution / "value.txt").write_text("42\n")
     (lab / "checks.py").write_text(
         "from labutils.grading import check\n\n\n"
-        "@check('The value is 42', points=2)\n"
-        "def value(c):\n"
-        "    c.expect(c.learner_file('value.txt').read_text().strip() == '42', 'value.txt')\n\n\n"
+        "def number(c):\n    return int(c.learner_file('value.txt').read_text())\n\n\n"
+        "@check('The value is 42', points=2, required=True)\n"
+        "def value(c):\n    c.expect(number(c) == 42, 'value.txt')\n\n\n"
         "@check('The saved answer is yes', points=1)\n"
         "def answer(c):\n"
         "    path = c.learner_file('runs/answer.json')\n"
-        "    c.expect(path.is_file() and path.read_text() == '\"yes\"', 'runs/answer.json')\n")
+        "    c.expect(path.is_file() and path.read_text() == '\"yes\"', 'runs/answer.json')\n\n\n"
+        "@check('The value is even', points=1)\n"
+        "def even(c):\n    c.expect(number(c) % 2 == 0, 'value.txt')\n")
     return lab, WrongFix("a value off by two", why="", edits={"value.txt": [("42", "40")]})
 
 
@@ -157,12 +159,15 @@ def test_checks_of_the_notebooks_answers_count_as_passed_for_wrong_fixes(tmp_pat
     lab, fix = _lab_with_a_notebook_answer(tmp_path / "with", ["The saved answer"])
     control, wrong = score_all(lab, [fix], scratch=tmp_path / "w1", control=True, decide=False)
     assert control.full_marks and control.fraction == 1.0
-    assert [c["name"] for c in wrong.checks] == ["The value is 42"]   # the answer's not run
-    assert wrong.fraction == 2 / 4 and wrong.caught
+    assert [c["name"] for c in wrong.checks] == ["The value is 42", "The value is even"]
+    assert wrong.fraction == 3 / 5 and wrong.caught and wrong.required_failed  # the answer's not run
+    # deciding, a required check failed is the verdict: the checks after it do not run
+    (decided,) = score_all(lab, [fix], scratch=tmp_path / "w3")
+    assert [c["name"] for c in decided.checks] == ["The value is 42"] and decided.caught
     assert "notebook_checks" not in learner_config(lab, load_lab(lab).config)  # the instructor's
     lab, fix = _lab_with_a_notebook_answer(tmp_path / "without", [])
     control, _ = score_all(lab, [fix], scratch=tmp_path / "w2", control=True, decide=False)
-    assert not control.full_marks and control.fraction == 3 / 4
+    assert not control.full_marks and control.fraction == 4 / 5
     lab, _ = _lab_with_a_notebook_answer(tmp_path / "typo", ["The answer saved"])
     with pytest.raises(GradingError, match="\"notebook_checks\" must be a list of the starts of its "
                                            "checks' names, got \\['The answer saved'\\]"):

@@ -182,8 +182,8 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
     grader runs them minus the notebook.
 
     decide: stop a fix's checks as soon as the points still to come cannot lift it to
-    its bound (the verdict is then certain; the fraction is the most it could still
-    have scored). on_row(Scored) is called as each fix is done.
+    its bound, or it failed a required check and its bound is the pass mark (the verdict
+    is then certain; the fraction is the most it could still have scored). on_row(Scored) is called as each fix is done.
     control: first the unchanged solution (its row's fix is None), which must score 1:
     where it does not (another torch, a machine the checks do not suit), every fix is
     "caught" whatever it does, and the rows say nothing.
@@ -249,7 +249,11 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
 
         def seen(result, bound=bounds[i], tests=tests) -> None:
             tests.append(result.to_json())
-            if decide and (total - _lost(tests)) / total < bound - 1e-9:
+            # certain: it cannot reach its bound any more, or it failed a required check
+            # (which fails the lab at any score, and the bound is the pass mark)
+            required_failed = tests[-1].get("required") and not tests[-1].get("passed")
+            if decide and ((total - _lost(tests)) / total < bound - 1e-9
+                           or required_failed and bound >= the_lab.pass_mark - 1e-9):
                 raise _Decided
 
         error = ""
