@@ -10,6 +10,18 @@ STARTER_LOADER = '''loader = DataLoader(dataset, batch_size=args.batch_size,
                     sampler=DistributedSampler(dataset, shuffle=False))'''
 STARTER_IMPORT = "from torch.utils.data import DataLoader, DistributedSampler"
 WITH_SUBSET = "from torch.utils.data import DataLoader, DistributedSampler, Subset"
+# The solution's loop and sums, which the all_gather wrong fix below replaces.
+LOOP_AND_SUM = """correct = torch.zeros((), dtype=torch.long, device=device)
+counted = torch.zeros((), dtype=torch.long, device=device)
+with torch.no_grad():
+    for x, y in loader:
+        predictions = model(x.to(device)).argmax(dim=1)
+        correct += (predictions == y.to(device)).sum()
+        counted += len(y)
+
+dist.all_reduce(correct)  # sums over the ranks
+dist.all_reduce(counted)
+"""
 
 
 def _drops_the_last_item_of(who: str) -> dict:
@@ -71,4 +83,27 @@ WRONG_FIXES = [
         "rank 1 drops its last item: right only at 2 ranks",
         why="at 2 ranks the padded duplicate is rank 1's last item; at 3 ranks it is rank 2's",
         base="starter", edits=_drops_the_last_item_of("rank == 1")),
+    WrongFix(
+        "every rank from len % world_size on drops its last item, even when nothing is padded",
+        why="DistributedSampler pads the shares of the ranks from len(dataset) % world_size on, "
+            "but only when the world size does not divide the set: 12 items at 2 ranks pad "
+            "nothing, and every rank drops a real item (10 predictions of 12)",
+        base="starter", edits=_drops_the_last_item_of("rank >= len(dataset) % world_size")),
+    WrongFix(
+        "all_gather each item's hit, concatenate, keep the first len(dataset)",
+        why="the gathered shares follow each other rank by rank, not in item order: the "
+            "padding is the last item of several ranks, not the tail of the concatenation "
+            "(13 items at 3 ranks count item 0 twice and drop item 11)",
+        base="starter",
+        edits={"evaluate.py": [(LOOP_AND_SUM, """hits = []
+with torch.no_grad():
+    for x, y in loader:
+        predictions = model(x.to(device)).argmax(dim=1)
+        hits.append((predictions == y.to(device)).long())
+hits = torch.cat(hits)
+gathered = [torch.empty_like(hits) for _ in range(world_size)]
+dist.all_gather(gathered, hits)  # every share has the same length, padding included
+hits = torch.cat(gathered)[:len(dataset)]  # drop the padding at the end
+correct, counted = hits.sum(), torch.tensor(len(hits))
+""")]}),
 ]
