@@ -6,7 +6,10 @@ Run them yourself from this folder (the grader runs the same ones):
 
 A run at 3 ranks stops after 4 steps; a run at 2 ranks, pointed at the same checkpoint
 directory, trains on to 10 steps. Both are compared with a run that trained all 10
-steps at 2 ranks, never stopped.
+steps at 2 ranks, never stopped. Between the two, the checks leave in the directory what
+a save cut short by a preemption leaves: a newer folder, step-5, holding the ranks'
+files (.distcp) of step 4's checkpoint but no .metadata. The resumed run must pass it by
+and resume from step-4, the newest finished checkpoint.
 
 Not bitwise: at 3 ranks each rank averages the gradient of 4 items and the all-reduce
 adds 3 such averages; at 2 ranks, 6 items and 2 averages. The same sum in another
@@ -19,6 +22,7 @@ the weights by about 0.03, and a repeated or skipped step more.
 import math
 import os
 import re
+import shutil
 from collections import Counter
 
 from labutils.grading import check
@@ -42,17 +46,39 @@ def _stop(c, saved_at: int, resumed_at: int, stop: int):
                  measure=["steps"])
 
 
+def _cut_short(folder: str, stop: int) -> str:
+    """Leave what a save of step stop + 1 cut short by a preemption leaves: a folder
+    step-{stop + 1} holding the ranks' files of the step-{stop} checkpoint (the .distcp
+    files dcp.save writes first), and no .metadata (which it writes last), nor anything
+    else. Once per directory (the resumed run finishes that folder if it saves there).
+    Returns what the folder holds, in words ('' when there is no step-{stop} folder to
+    take the files from: the checkpoints are named otherwise)."""
+    done, cut = os.path.join(folder, f"step-{stop}"), os.path.join(folder, f"step-{stop + 1}")
+    if not os.path.isdir(done):
+        return ""
+    files = sorted(name for name in os.listdir(done) if name.endswith(".distcp"))
+    if not os.path.exists(cut):
+        os.makedirs(cut)
+        for name in files:
+            shutil.copy(os.path.join(done, name), os.path.join(cut, name))
+    return (f"step-{stop + 1}, a save cut short: {len(files)} rank file"
+            f"{'' if len(files) == 1 else 's'} (.distcp), no .metadata")
+
+
 def _stop_and_resume(c, saved_at: int, resumed_at: int, stop: int):
     """The run that stops after `stop` steps at saved_at ranks, and the run that resumes
-    from its checkpoint at resumed_at ranks; the second is None when the first failed
-    (it would start from scratch and say nothing about a resume)."""
+    from its checkpoint at resumed_at ranks, past a newer save cut short (_cut_short); the
+    second is None when the first failed (it would start from scratch and say nothing
+    about a resume)."""
     folder = _ckpt_dir(c, saved_at, resumed_at)
     first = _stop(c, saved_at, resumed_at, stop)
     if not c.completed(first, f"{saved_at} ranks, {stop} steps, then a checkpoint"):
         return first, None
+    cut = _cut_short(folder, stop)
     second = c.run("train.py", resumed_at, args=["--steps", STEPS, "--ckpt-dir", folder],
                    measure=["weights", "steps"])
-    if not c.completed(second, f"{resumed_at} ranks, resumed, on to {STEPS} steps"):
+    past = f" (the directory also holds {cut})" if cut else ""
+    if not c.completed(second, f"{resumed_at} ranks, resumed, on to {STEPS} steps{past}"):
         return first, None
     return first, second
 

@@ -55,4 +55,34 @@ WRONG_FIXES = [
             ('torch.save({"model": model.module.state_dict(), "samples_seen": samples_seen},',
              'torch.save({"model": model.module.state_dict(),\n'
              '                    "samples_seen": steps_done * args.global_batch},  # all ranks\'')]}),
+    WrongFix(
+        "counts samples_seen per rank, converted with the notebook's saving world size (3)",
+        why="start = samples_seen x 3 // global batch is the right step only for a checkpoint "
+            "saved at 3 ranks, the public case; saved at 2 (the hidden case) the resume skips "
+            "steps",
+        edits={"train.py": [
+            ("start = 0\nfolder = newest_checkpoint()\n",
+             "samples_seen = 0  # items this rank has trained on\nstart = 0\n"
+             "folder = newest_checkpoint()\n"),
+            ('    start = state["samples_seen"] // args.global_batch\n',
+             '    samples_seen = state["samples_seen"]\n'
+             '    start = samples_seen * 3 // args.global_batch  # saved at 3 ranks\n'),
+            ("    dcp.save(training_state(steps_done * args.global_batch), checkpoint_id=folder)",
+             "    dcp.save(training_state(samples_seen), checkpoint_id=folder)"),
+            ("    report(step=step, items=items, loss=loss.item())\n",
+             "    samples_seen += len(items)\n"
+             "    report(step=step, items=items, loss=loss.item())\n")]}),
+    WrongFix(
+        "resumes from the oldest checkpoint",
+        why="min instead of max: with one checkpoint (the public case) it is the newest too; "
+            "with two (the hidden case) the resume trains steps again",
+        edits={"train.py": [("    return max(folders, key=", "    return min(folders, key=")]}),
+    WrongFix(
+        "resumes from the newest step-* folder, finished or not (no .metadata test)",
+        why="a save cut short by a preemption leaves a newer folder with the ranks' files and "
+            "no .metadata: the restart picks it, and dcp.load cannot read it",
+        edits={"train.py": [('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
+    folders = [os.path.dirname(path) for path in done]
+''', '''    folders = glob.glob(os.path.join(args.ckpt_dir, "step-*"))
+''')]}),
 ]
