@@ -36,6 +36,14 @@ WRONG_FIXES = [
         edits={"train.py": [("optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)",
                              "optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # no state to lose"),
                             ('    start = checkpoint["step"]\n', '    start = checkpoint["step"] + 1\n')]}),
+    WrongFix(
+        "checkpoints every 5 steps only",
+        why="the public kill (rank 1 at step 5) follows the step-4 checkpoint and retrains one "
+            "step; killed at step 2, before any checkpoint, the run trains again from step 0 "
+            "(the required hidden check)",
+        edits={"train.py": [("    if rank == 0:\n        # write to a temporary file",
+                             "    if rank == 0 and step % 5 == 4:  # every 5 steps is enough\n"
+                             "        # write to a temporary file")]}),
 ]
 
 # Not here: every rank writing the checkpoint through the same temporary file. Lab 07's
