@@ -171,26 +171,26 @@ def clip_order(max_norm: float = 1.0, init_scale: float = 2.0 ** 16) -> str:
 
 
 def profile_reading(records: list[dict]) -> str:
-    """The profiler's split of a step and the measured communication cost, one column per
-    rank. Each line says where its number comes from: the profiled steps (slowed down by
-    the profiler) or the steps timed without it."""
+    """The profiler's split of a step and the measured communication cost, in ms, one
+    column per rank. Each line says where its number comes from: the profiled steps
+    (slowed down by the profiler) or the steps timed without it. (How many all-reduces a
+    step makes is trace_overlap's first line: a count has no place in a column of ms.)"""
     recs = sorted(records, key=lambda r: r["rank"])
     profiled = f"profiled, mean of {recs[0].get('profiled_steps', '?')} steps"
     timed = f"no profiler, median of {recs[0].get('timed_steps', '?')} steps"
     lines = [
-        (f"forward, ms ({profiled})", "forward_ms"),
-        (f"backward, ms ({profiled})", "backward_ms"),
-        (f"optimizer, ms ({profiled})", "optimizer_ms"),
-        (f"all_reduce busy, ms ({profiled})", "gloo:all_reduce_ms"),
-        ("all_reduce calls per step (profiled)", "allreduce_calls"),
-        (f"step, ms ({timed})", "step_ms"),
-        (f"step, no comm, ms ({timed})", "no_comm_step_ms"),
-        ("waiting for comm, ms (step - step, no comm)", None),
+        (f"forward ({profiled})", "forward_ms"),
+        (f"backward ({profiled})", "backward_ms"),
+        (f"optimizer ({profiled})", "optimizer_ms"),
+        (f"all_reduce busy ({profiled})", "gloo:all_reduce_ms"),
+        (f"step ({timed})", "step_ms"),
+        (f"step, no comm ({timed})", "no_comm_step_ms"),
+        ("waiting for comm (step - step, no comm)", None),
     ]
     rows = [[label] + [round(r["step_ms"] - r["no_comm_step_ms"], 2) if key is None else r.get(key)
                        for r in recs]
             for label, key in lines]
-    return text_table(["per step"] + [f"rank {r['rank']}" for r in recs], rows,
+    return text_table(["per step, ms"] + [f"rank {r['rank']}" for r in recs], rows,
                       right=list(range(1, len(recs) + 1)))
 
 

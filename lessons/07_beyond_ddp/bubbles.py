@@ -110,6 +110,44 @@ def bubble_table(records: Iterable[dict]) -> str:
                        "idle / busy", "(p-1)/m"], rows, right=[0, 1, 2, 3, 4, 5, 6, 7])
 
 
+def _shares(records: Iterable[dict]) -> tuple[list[int], list[int], dict[tuple[int, int], dict]]:
+    rows = bubble_rows(records)
+    return (sorted({r["micro"] for r in rows}), sorted({r["rank"] for r in rows}),
+            {(r["micro"], r["rank"]): r for r in rows})
+
+
+def bubble_shrinks(records: Iterable[dict]) -> str:
+    """Whether both measured shares shrank on every stage at each step from the fewest
+    micro-batches up to 4, as the formulas predict (by a wide margin at these m)."""
+    micros, ranks, at = _shares(records)
+    low = [m for m in micros if m <= 4]
+    shrank = all(at[(a, s)][key] > at[(b, s)][key] for a, b in zip(low, low[1:]) for s in ranks
+                 for key in ("idle_fraction", "idle_over_busy"))
+    return (f"idle / step and idle / busy shrink on every stage from m = {low[0]} to "
+            f"m = {low[-1]}: {shrank}")
+
+
+def _trend(before: dict, after: dict) -> str:
+    change = after["idle_fraction"] - before["idle_fraction"]
+    return "about the same" if abs(change) < 0.01 else "grew" if change > 0 else "shrank"
+
+
+def bubble_beyond(records: Iterable[dict]) -> str:
+    """What the measured idle share and the step did beyond 4 micro-batches, where the
+    costs paid per micro-batch can outweigh a smaller bubble (one line per doubling)."""
+    micros, ranks, at = _shares(records)
+    lines = []
+    for a, b in zip(micros, micros[1:]):
+        if b <= 4:
+            continue
+        moves = ", ".join(f"stage {s} {at[(a, s)]['idle_fraction']:.0%} -> "
+                          f"{at[(b, s)]['idle_fraction']:.0%} ({_trend(at[(a, s)], at[(b, s)])})"
+                          for s in ranks)
+        lines.append(f"from m = {a} to m = {b}, idle / step: {moves}; the step "
+                     f"{at[(a, ranks[0])]['step_s'] * 1e3:.0f} -> {at[(b, ranks[0])]['step_s'] * 1e3:.0f} ms")
+    return "\n".join(lines)
+
+
 def pipeline_checks(records: Iterable[dict]) -> str:
     rows = {}
     for r in _records(records, "check"):

@@ -17,8 +17,8 @@ from labutils.course.tables import bytes_in, text_table
 from labutils.course.timing import busbw_factor, format_bytes
 
 from bubbles import (  # noqa: F401  (the notebook's L.bubble_table, ...)
-    bubble_formulas, bubble_of_step, bubble_rows, bubble_table, gpipe_replay, pipeline_checks,
-    plot_bubble, plot_schedule,
+    bubble_beyond, bubble_formulas, bubble_of_step, bubble_rows, bubble_shrinks, bubble_table,
+    gpipe_replay, pipeline_checks, plot_bubble, plot_schedule,
 )
 from wire import (  # noqa: F401  (the notebook's L.wire_summary, ...)
     job_bytes_line, wire_bytes_table, wire_calls_table, wire_summary, wire_time_table,
