@@ -30,7 +30,7 @@ def runs_every_step(c):
         if not c.completed(run, f"{nproc} ranks"):
             continue
         steps = 48 // (nproc * BATCH)
-        done = {r["rank"]: r["step"] + 1 for r in run.rows("step")}
+        done = dict(sorted({r["rank"]: r["step"] + 1 for r in run.rows("step")}.items()))
         c.expect(all(done.get(r) == steps for r in range(nproc)), f"{nproc} ranks: {steps} steps",
                  measured=f"steps done per rank: {done}", expected=f"{steps} steps on every rank")
 
@@ -41,7 +41,7 @@ def same_weights(c):
         run = _run(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        digests = {rank: w[2][:12] for rank, w in _weights(run).items()}
+        digests = {rank: w[2][:12] for rank, w in sorted(_weights(run).items())}
         c.expect(len(digests) == nproc and len(set(digests.values())) == 1,
                  f"{nproc} ranks: identical final weights",
                  measured=f"sha256 of the weights per rank: {digests}",

@@ -58,7 +58,7 @@ def with_the_auxiliary_loss_at_4(c):
     if not c.completed(run, label):
         return
     weights = _weights(run)
-    digests = {rank: w[2][:12] for rank, w in weights.items()}
+    digests = {rank: w[2][:12] for rank, w in sorted(weights.items())}
     c.expect(len(digests) == nproc and len(set(digests.values())) == 1, f"{label}: identical weights",
              measured=f"sha256 of the weights per rank: {digests}",
              expected=f"bitwise identical on all {nproc} ranks")
