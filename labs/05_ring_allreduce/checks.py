@@ -97,23 +97,27 @@ def _bytes_sent(c, traffic, nproc: int, size: int, label: str) -> None:
 
 
 def _off_the_ring(traffic: dict[int, dict[int, list]], nproc: int) -> list[str]:
-    """How ranks talked other than around a ring: each rank sends to one neighbour only
-    and receives from the other only (either way round: (r + 1) % n, then (r - 1) % n)."""
+    """How ranks talked other than around a ring: each rank sends to one neighbour only and
+    hears from the other only (either way round: (r + 1) % n, then (r - 1) % n). Who a rank
+    hears from is who sent to it, by the other ranks' sends: a receive from any source
+    (irecv without src) names no sender of its own."""
+    sent_to = {rank: {peer for ops in by_size.values() for name, _, peer in ops
+                      if name == "send" and peer is not None}
+               for rank, by_size in traffic.items()}
     odd = []
     for rank, by_size in sorted(traffic.items()):
-        sent_to = {peer for ops in by_size.values() for name, _, peer in ops if name == "send"}
-        heard = {peer for ops in by_size.values() for name, _, peer in ops
-                 if name in POINT_TO_POINT and name != "send"}
+        named = {peer for ops in by_size.values() for name, _, peer in ops
+                 if name in POINT_TO_POINT and name != "send" and peer is not None}
+        heard = named | {other for other, peers in sent_to.items() if rank in peers}
         neighbours = {(rank + 1) % nproc, (rank - 1) % nproc}
-        if len(sent_to) > 1 or len(heard) > 1 or not (sent_to | heard) <= neighbours \
-                or sent_to & heard:
-            odd.append(f"rank {rank} sent to {_ranks(sent_to)}, received from {_ranks(heard)}")
+        mine = sent_to[rank]
+        if len(mine) > 1 or len(heard) > 1 or not (mine | heard) <= neighbours or mine & heard:
+            odd.append(f"rank {rank} sent to {_ranks(mine)}, heard from {_ranks(heard)}")
     return odd
 
 
 def _ranks(peers: set) -> str:
-    return ", ".join("any rank" if p is None else f"rank {p}"
-                     for p in sorted(peers, key=lambda p: -1 if p is None else p)) or "none"
+    return ", ".join(f"rank {p}" for p in sorted(peers)) or "none"
 
 
 # Required: a ring all-reduce that hands some tensors to dist.all_reduce, or sends each

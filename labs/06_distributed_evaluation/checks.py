@@ -68,10 +68,12 @@ def _same_accuracy(c, nproc, items, label, *, weight: float = 1.0) -> None:
     if row is not None:
         got = row.get("accuracy")
         counted = f" ({row['predictions']} predictions counted)" if "predictions" in row else ""
-        c.expect(got is not None and abs(got - correct / items) < 1e-9, label,
+        # 1e-6: an accuracy divided in float32 is off by about 1e-8; a wrong count of at
+        # most 13 items by at least 1/156
+        c.expect(got is not None and abs(got - correct / items) < 1e-6, label,
                  measured=f"accuracy {got}{counted}" if got is not None
                  else "rank 0 reported no accuracy (report(accuracy=...))", weight=weight,
-                 expected=f"{correct / items} ({correct}/{items}), what one process computes")
+                 expected=f"{correct / items} ({correct}/{items}, to 1e-6), what one process computes")
 
 
 @check(f"Each of the {ITEMS} items is counted exactly once, at 2 and 3 ranks", points=2)
