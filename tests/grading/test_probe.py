@@ -245,3 +245,41 @@ def test_the_data_probe_gives_a_subsets_items_as_the_datasets_indices(tmp_path):
         expected = [[[epoch, [2 + int(i) for i in torch.randperm(
             10, generator=torch.Generator().manual_seed(epoch))[rank::2]]]] for epoch in range(2)]
         assert data[rank]["steps"] == expected
+
+
+FILES_SCRIPT = textwrap.dedent('''
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from labutils.dist import init
+
+    rank, world, _ = init()
+    if rank == 0:
+        torch.save({"w": torch.ones(3)}, "ckpt.pt")
+    dist.barrier()
+    held = [torch.load("ckpt.pt", map_location="cpu") if rank == 0 else None]
+    dist.broadcast_object_list(held, src=0)  # rank 1's torch unpickles the tensors it sent
+    if rank == 1:
+        with open("ckpt.pt", "rb") as f:
+            torch.load(io.BytesIO(f.read()))  # its own load, from a buffer
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monkeypatch):
+    """broadcast_object_list of a state dict makes torch call torch.load on the receiving
+    ranks to unpickle the tensors, without a map_location: not the script's load (lab 10
+    once failed the correct fix that loads on rank 0 and broadcasts for it)."""
+    script = tmp_path / "script.py"
+    script.write_text(FILES_SCRIPT)
+    monkeypatch.chdir(tmp_path)  # the ranks' working directory: ckpt.pt goes there
+    result = launch_measured(script, 2, measure=["files"], display="none", hang_timeout=30,
+                             timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    files = Run(label="script.py", result=result, learner_dir=tmp_path).probe("files")
+    assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]}]
+    assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]}]
+    assert files[0]["writes"] == ["ckpt.pt"] and files[1]["writes"] == []

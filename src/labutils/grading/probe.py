@@ -28,7 +28,9 @@ when the script ends well, sends what it measured with report(probe=...):
   torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
 - files: what the rank did with files: every file it opened for writing (open(),
   torch.save() to a path), every rename (os.replace, os.rename) and every torch.load(),
-  with the map_location it was given and the devices of the tensors it returned,
+  with the map_location it was given and the devices of the tensors it returned (the
+  script's own calls: not those torch makes inside, as when it unpickles the tensors
+  broadcast_object_list sent),
   and the rank's own device (its DDP model's). Paths inside the working directory
   are relative to it. A check can tell from them which ranks write a checkpoint,
   and whether they load it onto their own device (on GPUs, a load without
@@ -343,6 +345,9 @@ def _watch_files() -> dict:
         return original_save(obj, f, *args, **kwargs)
 
     def watched_load(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "torch" or caller.startswith("torch."):  # torch's own: unpickling a
+            return original_load(*args, **kwargs)  # tensor broadcast_object_list sent, DCP
         bound = load_signature.bind_partial(*args, **kwargs).arguments
         file = bound.get("f")
         call = {
