@@ -283,3 +283,45 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
     assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]}]
     assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]}]
     assert files[0]["writes"] == ["ckpt.pt"] and files[1]["writes"] == []
+
+
+HOOK_SCRIPT = textwrap.dedent('''
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labutils.dist import init, report
+
+    rank, world, _ = init()
+    model = DDP(torch.nn.Linear(4, 1))
+    calls = []
+
+    def hook(state, bucket):  # the script's own hook: counts, then averages as DDP does
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        model(torch.full((2, 4), float(rank + step))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    report(hook_calls=len(calls), weight=model.module.weight.sum().item())
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_scripts_own_comm_hook_runs_inside_the_allreduce_probe(tmp_path):
+    """DDP takes one communication hook and the probe's recorder is it: a script that
+    registers its own (lesson 03's compression hooks) crashed under the grader's probe,
+    "register_comm_hook ... can only be called once", and ran under labutils launch."""
+    script = tmp_path / "script.py"
+    script.write_text(HOOK_SCRIPT)
+    result = launch_measured(script, 2, measure=["allreduce"], display="none", hang_timeout=30,
+                             timeout=90, log_dir=tmp_path / "runs", backend="gloo")
+    assert result.ok, result.summary()
+    run = Run(label="script.py", result=result, learner_dir=tmp_path)
+    assert {r["rank"]: r["hook_calls"] for r in run.rows("hook_calls")} == {0: 3, 1: 3}
+    assert len({r["weight"] for r in run.rows("weight")}) == 1   # averaged: the same weights
+    assert run.probe("allreduce")[0]["per_step"] == [1, 1, 1]

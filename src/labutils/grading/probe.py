@@ -15,7 +15,8 @@ when the script ends well, sends what it measured with report(probe=...):
   layer of those models, read from the layers at the end, whatever the script reports;
 - allreduce: how many gradient all-reduces DDP launched between optimizer steps,
   counted by labutils.course.ddp_probes.BucketRecorder as the communication hook (one call
-  per bucket);
+  per bucket; a hook the script registers itself runs inside the recorder, since DDP
+  takes only one);
 - steps: the optimizer steps this rank took in this attempt (every optimizer's step(),
   seen by a global post-step hook, except those with learning rate 0, which train
   nothing: torch.distributed.checkpoint takes one to create an optimizer's state),
@@ -148,7 +149,15 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
         original_init(self, *args, **kwargs)
         state["models"].append(self.module)
         if "allreduce" in measures:  # becomes the model's communication hook
-            state["recorders"].append(BucketRecorder(self))
+            recorder = BucketRecorder(self)
+            state["recorders"].append(recorder)
+
+            def register_comm_hook(hook_state, hook, recorder=recorder):
+                """DDP takes one hook, and the recorder is it: the script's own hook (a
+                compression hook, say) does the communication inside the recorder."""
+                recorder.inner, recorder.inner_state = hook, hook_state
+
+            self.register_comm_hook = register_comm_hook
         if "forwards" in measures:  # on the wrapped model: DDP's forward calls it, and so
             # does a script that skips the reducer with model.module (as no_sync does)
             self.module.register_forward_pre_hook(
