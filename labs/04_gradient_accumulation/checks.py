@@ -31,8 +31,9 @@ def one_allreduce_per_step(c):
         counts = run.probe("allreduce").get(0, {}).get("per_step", [])
         c.expect(bool(counts) and all(n == 1 for n in counts),
                  f"{nproc} ranks, {ACCUM} micro-batches per step",
-                 measured=f"all-reduces per optimizer step: {counts}",
-                 expected=f"1 per step (DDP's gradients fit one bucket); {ACCUM} means every "
+                 measured=f"DDP's gradient all-reduces per optimizer step: {counts}",
+                 expected=f"1 per step (DDP's gradients fit one bucket; 0: DDP never synchronised, "
+                          f"an all-reduce by hand is not DDP's); {ACCUM} means every "
                           "micro-batch synchronised")
 
 

@@ -16,7 +16,8 @@ def _accumulation_parts(c, nproc: int, accum: int, batch: int) -> None:
         return
     counts = run.probe("allreduce").get(0, {}).get("per_step", [])
     c.expect(bool(counts) and all(n == 1 for n in counts), f"{label}: all-reduces per step",
-             measured=f"all-reduces per optimizer step: {counts}", expected="1 per step")
+             measured=f"DDP's gradient all-reduces per optimizer step: {counts}",
+             expected="1 per step, by DDP")
     reference = _reference(c)  # the public checks' run
     if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH} (the reference)"):
         return
