@@ -183,7 +183,8 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
 
     decide: stop a fix's checks as soon as the points still to come cannot lift it to
     its bound, or it failed a required check and its bound is the pass mark (the verdict
-    is then certain; the fraction is the most it could still have scored). on_row(Scored) is called as each fix is done.
+    is then certain; the fraction is the most it could still have scored).
+    on_row(Scored) is called as each fix is done.
     control: first the unchanged solution (its row's fix is None), which must score 1:
     where it does not (another torch, a machine the checks do not suit), every fix is
     "caught" whatever it does, and the rows say nothing.
