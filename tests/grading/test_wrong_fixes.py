@@ -8,6 +8,8 @@ and its points are counted as earned), and stop once the verdict is certain:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import REPO
 
@@ -172,3 +174,23 @@ def test_checks_of_the_notebooks_answers_count_as_passed_for_wrong_fixes(tmp_pat
     with pytest.raises(GradingError, match="\"notebook_checks\" must be a list of the starts of its "
                                            "checks' names, got \\['The answer saved'\\]"):
         load_lab(lab)
+
+
+def test_the_runs_of_wrong_fixes_leave_nothing_in_the_temporary_folder(tmp_path):
+    """A script's DataLoader workers leave pymp-* folders in the temporary folder; the
+    checks of `labutils wrongfixes` run with a temporary folder of their own, removed at
+    the end (the helpers' runs of the catalogues left 24 in /tmp)."""
+    import secrets
+    import tempfile
+
+    lab, fix = _lab_with_a_notebook_answer(tmp_path, ["The saved answer"])
+    name = f"left-by-a-check-{secrets.token_hex(4)}"
+    with (lab / "checks.py").open("a") as f:
+        f.write("\n\n@check('Leaves a file in its temporary folder', points=1)\n"
+                "def leaves(c):\n    import os, tempfile\n"
+                f"    open(os.path.join(tempfile.gettempdir(), {name!r}), 'w').close()\n"
+                "    c.expect(True, 'a file left')\n")
+    (row,) = score_all(lab, [fix], scratch=tmp_path / "work", decide=False)
+    assert "Leaves a file in its temporary folder" in [c["name"] for c in row.checks]
+    assert not (Path(tempfile.gettempdir()) / name).exists()
+    assert not list(tmp_path.rglob(name))

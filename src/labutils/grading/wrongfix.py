@@ -195,6 +195,9 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
     notebook = float(the_lab.config.get("notebook_points", 1))
     total = notebook + sum(float(c["points"]) for c in the_lab.checks)
     work = Path(scratch) if scratch is not None else Path(tempfile.mkdtemp(prefix="labutils-wrongfix-"))
+    # the runs' temporary files (a script's DataLoader workers leave pymp-* folders) go
+    # in a folder of their own, gone at the end: short, as a socket's path must be
+    temporary = Path(tempfile.mkdtemp(prefix="labutils-wrongfix-tmp-"))
     rows: list[Scored] = []
     try:
         for i, fix in enumerate(entries):
@@ -208,7 +211,7 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
                    "--bounds", json.dumps(bounds)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True, cwd=work, start_new_session=True,
-                                env={**os.environ, procs.TAG_ENV: tag})
+                                env={**os.environ, procs.TAG_ENV: tag, "TMPDIR": str(temporary)})
         try:
             for line in proc.stdout or ():
                 message = json.loads(line) if line.startswith("{") else {}
@@ -228,6 +231,7 @@ def score_all(lab: str | os.PathLike, fixes: list[WrongFix], *, scratch: Path | 
             procs.kill_everything(roots=[proc.pid], tag=tag, keep={proc.pid})
             proc.wait()
     finally:
+        shutil.rmtree(temporary, ignore_errors=True)
         if scratch is None:
             shutil.rmtree(work, ignore_errors=True)
     done = {id(r.fix) for r in rows}
