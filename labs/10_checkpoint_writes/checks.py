@@ -48,6 +48,12 @@ def _shared(run) -> dict[str, list[int]]:
     return {path: sorted(r) for path, r in sorted(ranks.items()) if len(r) > 1}
 
 
+def _removers(run) -> list[int]:
+    """Ranks that remove the checkpoint (os.remove, os.unlink), as before a rename onto it."""
+    return sorted(rank for rank, seen in run.probe("files").items()
+                  if CKPT in seen.get("removes", []))
+
+
 def _writers(run) -> list[int]:
     """Ranks that put something at the checkpoint's path: in place, or by renaming onto it."""
     return sorted(rank for rank, seen in run.probe("files").items()
@@ -75,16 +81,21 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
     label = (f"{nproc} ranks, rank {fault['rank']} (the writer) killed halfway through the "
              f"step-{fault['step']} checkpoint, --max-restarts 1")
     killed = _killed(c, fault, nproc)
-    in_place, shared = _in_place(plain), _shared(plain)
-    if in_place or shared:
+    in_place, shared, removers = _in_place(plain), _shared(plain), _removers(plain)
+    if in_place or shared or removers:
         # A write in place leaves half a checkpoint when the writer is killed; two ranks
-        # writing one file truncate each other's writes. Whatever the restarted run does
-        # with the file (load it, or start over when it does not load), a pass would be luck.
+        # writing one file truncate each other's writes; removing the checkpoint before
+        # renaming the new one onto its name leaves none in between. Whatever the
+        # restarted run does with the file, a pass would be luck (the kill points fall
+        # while the chunks are written).
         this_time = "the restarted run went through" if killed.ok else killed.problem
         measured = (f"{_ranks(in_place)} write{'s' if len(in_place) == 1 else ''} {CKPT} in "
                     "place, so a kill while writing leaves part of it" if in_place else
                     "; ".join(f"{_ranks(r)} write {path}" for path, r in shared.items())
-                    + ", one file at the same time")
+                    + ", one file at the same time" if shared else
+                    f"{_ranks(removers)} remove{'s' if len(removers) == 1 else ''} {CKPT} "
+                    "before putting the new one in its place, so a kill in between leaves "
+                    "no checkpoint (os.replace replaces it in one step)")
         c.expect(False, label, measured=f"{measured} (this time: {this_time})",
                  expected=f"{CKPT} only ever replaced by a complete file written by one rank, "
                           "and the resumed run ending with the weights of an uninterrupted run")

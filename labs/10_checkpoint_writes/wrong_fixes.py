@@ -57,4 +57,12 @@ WRONG_FIXES = [
              "        write_checkpoint(",
              "    if True:  # every rank, each through its own temporary file\n"
              "        write_checkpoint(")]}),
+    WrongFix(
+        "removes the old checkpoint, then renames the temporary file onto its name",
+        why="between os.remove and os.rename there is no checkpoint at all: a kill there "
+            "restarts training from step 0 (os.replace replaces the file in one step)",
+        edits={"train.py": [("    os.replace(partial, path)\n",
+                             "    if os.path.exists(path):\n"
+                             "        os.remove(path)  # rename refuses an existing file on Windows\n"
+                             "    os.rename(partial, path)\n")]}),
 ]

@@ -249,6 +249,7 @@ def test_the_data_probe_gives_a_subsets_items_as_the_datasets_indices(tmp_path):
 
 FILES_SCRIPT = textwrap.dedent('''
     import io
+    import os
 
     import torch
     import torch.distributed as dist
@@ -264,6 +265,10 @@ FILES_SCRIPT = textwrap.dedent('''
     if rank == 1:
         with open("ckpt.pt", "rb") as f:
             torch.load(io.BytesIO(f.read()))  # its own load, from a buffer
+    dist.barrier()
+    if rank == 0:
+        torch.serialization.load("ckpt.pt")  # torch.load under its other name
+        os.remove("ckpt.pt")
 ''')
 
 
@@ -272,7 +277,9 @@ FILES_SCRIPT = textwrap.dedent('''
 def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monkeypatch):
     """broadcast_object_list of a state dict makes torch call torch.load on the receiving
     ranks to unpickle the tensors, without a map_location: not the script's load (lab 10
-    once failed the correct fix that loads on rank 0 and broadcasts for it)."""
+    once failed the correct fix that loads on rank 0 and broadcasts for it). A load under
+    torch.serialization's name is the script's too, and a removed file is noted (a
+    checkpoint removed before the new one is renamed onto its name leaves a gap)."""
     script = tmp_path / "script.py"
     script.write_text(FILES_SCRIPT)
     monkeypatch.chdir(tmp_path)  # the ranks' working directory: ckpt.pt goes there
@@ -280,9 +287,11 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
                              timeout=90, log_dir=tmp_path / "runs", backend="gloo")
     assert result.ok, result.summary()
     files = Run(label="script.py", result=result, learner_dir=tmp_path).probe("files")
-    assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]}]
+    assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]},
+                                 {"file": "ckpt.pt", "map_location": None, "devices": ["cpu"]}]
     assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]}]
     assert files[0]["writes"] == ["ckpt.pt"] and files[1]["writes"] == []
+    assert files[0]["removes"] == ["ckpt.pt"] and files[1]["removes"] == []  # lab 10's gap
 
 
 HOOK_SCRIPT = textwrap.dedent('''

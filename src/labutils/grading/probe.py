@@ -28,7 +28,8 @@ when the script ends well, sends what it measured with report(probe=...):
   the ProcessGroup itself, so it sees dist.isend,
   torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
 - files: what the rank did with files: every file it opened for writing (open(),
-  torch.save() to a path), every rename (os.replace, os.rename) and every torch.load(),
+  torch.save() to a path), every rename (os.replace, os.rename), every file it removed
+  (os.remove, os.unlink) and every torch.load(),
   with the map_location it was given and the devices of the tensors it returned (the
   script's own calls: not those torch makes inside, as when it unpickles the tensors
   broadcast_object_list sent),
@@ -338,9 +339,10 @@ def _watch_files() -> dict:
 
     import torch
 
-    seen: dict = {"writes": [], "renames": [], "loads": []}
+    seen: dict = {"writes": [], "renames": [], "removes": [], "loads": []}
     original_open, original_save, original_load = builtins.open, torch.save, torch.load
     original_replace, original_rename = os.replace, os.rename
+    original_remove, original_unlink = os.remove, os.unlink
     load_signature = inspect.signature(original_load)
 
     def watched_open(file, mode="r", *args, **kwargs):
@@ -376,9 +378,19 @@ def _watch_files() -> dict:
             return result
         return watched
 
+    def remover(original):
+        def watched(path, *args, **kwargs):
+            result = original(path, *args, **kwargs)
+            if isinstance(path, (str, bytes, os.PathLike)):
+                seen["removes"].append(_shown_path(os.fsdecode(path)))
+            return result
+        return watched
+
     builtins.open = io.open = watched_open
     torch.save, torch.load = watched_save, watched_load
+    torch.serialization.load = watched_load  # the same function under its other name
     os.replace, os.rename = renamer(original_replace), renamer(original_rename)
+    os.remove, os.unlink = remover(original_remove), remover(original_unlink)
     return seen
 
 
