@@ -1,6 +1,6 @@
 """Test ring.ring_all_reduce against dist.all_reduce and count what it sends.
 
-    torchrun --nproc-per-node 3 ring_test.py --sizes 1,7,1000,4099
+    torchrun --nproc-per-node 3 ring_test.py --sizes 1,4,7,1000,4099
     labutils launch -n 3 ring_test.py
 
 It tests the ring.py of the current folder (or the one --ring names).
@@ -23,7 +23,7 @@ from labutils.dist import init, print0, report
 from labutils.grading.probe import POINT_TO_POINT, count_traffic
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--sizes", default="1,7,1000,4099", help="tensor sizes, comma-separated")
+parser.add_argument("--sizes", default="1,4,7,1000,4099", help="tensor sizes, comma-separated")
 parser.add_argument("--ring", default="ring.py", help="the file that defines ring_all_reduce")
 args = parser.parse_args()
 

@@ -97,4 +97,19 @@ WRONG_FIXES = [
         dist.all_reduce(tensor)
         return tensor
 ''')]}),
+    WrongFix(
+        "torch.chunk for the chunks, tensors smaller than the world passed whole around the ring",
+        why="torch.chunk gives fewer than n chunks for some sizes of at least n elements (4 at "
+            "3 ranks, 5 or 9 at 4): the ring then indexes a chunk that is not there",
+        edits={"ring.py": [("    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor\n",
+                            '''    if tensor.numel() < world:  # too small for a chunk per rank: pass it around whole
+        passing = tensor.clone()
+        for _ in range(world - 1):
+            incoming = torch.empty_like(passing)
+            _exchange(passing, incoming, right, left)
+            tensor += incoming
+            passing = incoming
+        return tensor
+    chunks = tensor.view(-1).chunk(world)  # views: writing a chunk writes the tensor
+''')]}),
 ]

@@ -106,4 +106,11 @@ dist.all_gather(gathered, hits)  # every share has the same length, padding incl
 hits = torch.cat(gathered)[:len(dataset)]  # drop the padding at the end
 correct, counted = hits.sum(), torch.tensor(len(hits))
 """)]}),
+    WrongFix(
+        "divides by len(dataset), and reports rank 0's own count of predictions",
+        why="the accuracy is right, but the count it reports is rank 0's share, not the "
+            "11 predictions the ranks made together",
+        edits={"evaluate.py": [("dist.all_reduce(counted)\n", ""),
+                               ("accuracy = correct.item() / counted.item()",
+                                "accuracy = correct.item() / len(dataset)")]}),
 ]
