@@ -17,7 +17,9 @@ rank 0's, an average of the ranks' statistics) or gradients that ignore the othe
 ranks' items are off by 5e-2 or more. 1e-4 separates the two by orders of magnitude.
 """
 
-from shards import reference_model
+import torch
+import torch.nn.functional as F
+from shards import held_out, reference_model
 
 from labutils.grading import check
 
@@ -68,12 +70,16 @@ def _identical_part(c, run, nproc: int) -> None:
 
 
 def _reference_part(c, run, nproc: int, case: dict) -> None:
-    """One part: every rank's running statistics equal the one-process reference's."""
+    """Two parts: every rank's running statistics equal the one-process reference's; the
+    held-out loss each rank reports is the reference's in eval mode, where BatchNorm
+    normalises with those running statistics."""
     stats = _reported(c, run, nproc)
     if stats is None:
         return
-    norm = reference_model(world_size=nproc, steps=case["steps"], batch_size=case["batch_size"],
-                           lr=case["lr"], seed=case["seed"])[1]
+    reference = reference_model(world_size=nproc, steps=case["steps"],
+                                batch_size=case["batch_size"], lr=case["lr"], seed=case["seed"])
+    norm = reference[1]
+    _held_out_part(c, run, nproc, reference)
     want = (norm.running_mean.tolist(), norm.running_var.tolist())
     if any(len(got[which]) != len(want[which]) for got in stats.values() for which in (0, 1)):
         c.expect(False, f"{nproc} ranks: the statistics", measured="another number of channels",
@@ -90,6 +96,23 @@ def _reference_part(c, run, nproc: int, case: dict) -> None:
              expected="at most 1e-4 on every rank (float rounding)")
 
 
+def _held_out_part(c, run, nproc: int, reference) -> None:
+    """One part: the held-out loss every rank reports equals the reference model's in eval
+    mode (a rank that evaluates with the held-out batch's own statistics is off by about
+    1e-2, a right one by float rounding)."""
+    x, y = held_out(nproc)
+    with torch.no_grad():
+        want = F.mse_loss(reference.eval()(x), y).item()
+    got = {r["rank"]: r["val_loss"] for r in run.rows("val_loss")}
+    gap = max((abs(v - want) for v in got.values() if isinstance(v, (int, float))),
+              default=float("nan"))
+    c.expect(sorted(got) == list(range(nproc)) and gap <= TOLERANCE,
+             f"{nproc} ranks: the held-out loss, in eval mode",
+             measured=f"reported by ranks {sorted(got)}, largest difference {gap:.2e}",
+             expected=f"{want:.4f} on every rank (within 1e-4): one process's model in eval mode, "
+                      "which normalises with the running statistics")
+
+
 @check("Every rank ends with the same BatchNorm statistics, at 2 and 3 ranks", points=3)
 def same_on_every_rank(c):
     for nproc in (2, 3):
@@ -101,7 +124,8 @@ def same_on_every_rank(c):
 # Required, as the hidden case: statistics that are identical on every rank but not the
 # global batch's (a global count hard-coded for 2 ranks, or for 8 items a rank) earn the
 # check above, and would pass the lab on it.
-@check("The running statistics equal BatchNorm on the whole batch in one process, at 2 and 3 ranks",
+@check("The running statistics equal BatchNorm on the whole batch in one process, and the held-out "
+       "loss that process's in eval mode, at 2 and 3 ranks",
        points=4, required=True)
 def equals_whole_batch(c):
     for nproc in (2, 3):

@@ -79,4 +79,21 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
         why="right at 2 ranks, the notebook's; at 3 or 4 the statistics are identical on every "
             "rank but divided by the wrong count",
         edits={"train.py": [("        n = total[-1]\n", "        n = 2 * x.shape[0]  # two ranks\n")]}),
+    WrongFix(
+        "evaluation normalises the held-out batch with its own statistics",
+        why="the running statistics are right but never used: in eval mode the layer still "
+            "normalises with the batch's (synchronised) statistics, so the held-out loss is "
+            "not the model's",
+        edits={"train.py": [('''        if not self.training:
+            return super().forward(x)  # evaluation: the running statistics
+''', ""), ('''        with torch.no_grad():
+            self.num_batches_tracked += 1
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var * n / (n - 1), self.momentum)  # unbiased, as torch keeps
+''', '''        if self.training:  # only training updates the running statistics
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                self.running_mean.lerp_(mean, self.momentum)
+                self.running_var.lerp_(var * n / (n - 1), self.momentum)
+''')]}),
 ]
