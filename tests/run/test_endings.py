@@ -21,6 +21,7 @@ from endings_table import ENDINGS, SCRIPT, check_verdict, verdict
 from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (a local SLURM cluster)
 
 from labutils import launch
+from labutils.run import warm as warm_start
 
 # (world size, failing rank) beyond (2, last) in the default suite: where the failing
 # rank hosts the rendezvous store (rank 0) and peers are several.
@@ -49,16 +50,20 @@ def pytest_generate_tests(metafunc):
                              cases(metafunc.config.getoption("--endings-all")))
 
 
+# on a machine without a GPU, nothing: the runs share the warm server of the other tests
+HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""} if warm_start.ranks_see_a_gpu({}) else {}
+
+
 def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:
-    # gloo named: "auto" on a machine with a GPU starts cold by itself (run/warm.py), and
-    # the endings are the CPU's, the same on any machine. The ranks' temporary folder is
+    # gloo named and the GPUs hidden: a run whose ranks can see a GPU starts cold by
+    # itself (run/warm.py), and the endings are the CPU's, the same on any machine. The ranks' temporary folder is
     # the test's: a DataLoader worker killed after it sent a batch leaves its
     # multiprocessing folder (pymp-*) behind, as it does without the launcher; a short
     # path, since that folder holds a Unix socket (108 bytes at most).
     with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
         result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
                         backend="gloo", hang_timeout=4 if how == "stuck" else 30, timeout=90,
-                        log_dir=tmp_path, warm=warm, env={"TMPDIR": tmp})
+                        log_dir=tmp_path, warm=warm, env={"TMPDIR": tmp, **HIDE_GPUS})
     assert result.to_json()["start"] == ("warm" if warm else "cold")
     return result.to_json()
 

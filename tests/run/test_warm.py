@@ -270,20 +270,25 @@ def test_runs_where_warm_does_not_apply_say_why(monkeypatch):
     assert str(warm.decide_start(_spec())) == "cold (LABUTILS_START=cold)"
 
 
-def test_auto_starts_cold_where_the_ranks_see_a_gpu_and_warm_where_it_is_hidden(
+def test_runs_start_cold_where_the_ranks_see_a_gpu_and_warm_where_it_is_hidden(
         monkeypatch, tmp_path):
     """A machine with an NVIDIA GPU (its driver's /proc folder lists one): "auto" would
-    pick nccl there, so the run starts cold; with CUDA_VISIBLE_DEVICES empty or -1, in the
-    run's variables or the caller's, the ranks see no GPU and run as on CPU, warm."""
+    pick nccl there, and a gloo rank may still use CUDA, which a rank forked from
+    torchrun's agent cannot (the agent asked torch.cuda.is_available(): lab 11's DCP save
+    failed so on torch 2.11), so the run starts cold; with CUDA_VISIBLE_DEVICES empty or
+    -1, in the run's variables or the caller's, the ranks see no GPU and run as on CPU,
+    warm."""
     gpus = tmp_path / "gpus"
     (gpus / "0000:01:00.0").mkdir(parents=True)
     monkeypatch.setattr(warm, "NVIDIA_GPUS", gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert "GPU" in warm.decide_start(_spec()).reason
     assert "GPU" in warm.decide_start(_spec(env={"CUDA_VISIBLE_DEVICES": "0"})).reason
-    assert warm.decide_start(_spec(backend="gloo")) == warm.Start("warm")
+    assert "GPU" in warm.decide_start(_spec(backend="gloo")).reason
     for hidden in ("", "-1"):
         assert warm.decide_start(_spec(env={"CUDA_VISIBLE_DEVICES": hidden})) == warm.Start("warm")
+        assert warm.decide_start(_spec(backend="gloo", env={"CUDA_VISIBLE_DEVICES": hidden})) \
+            == warm.Start("warm")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert warm.decide_start(_spec()) == warm.Start("warm")
     assert "GPU" in warm.decide_start(_spec(env={"CUDA_VISIBLE_DEVICES": "0,1"})).reason

@@ -17,9 +17,10 @@ cluster/slurm_backend.py):
 
 - ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
   environment (every run of a kernel, a class or a test session cold);
-- a GPU run (``backend="nccl"``, or ``"auto"`` where this machine has an NVIDIA GPU
-  and CUDA_VISIBLE_DEVICES does not hide it): the course has tested warm starts on CPU
-  only;
+- a GPU run (``backend="nccl"``): the course has tested warm starts on CPU only;
+- any backend where this machine has an NVIDIA GPU and CUDA_VISIBLE_DEVICES does not
+  hide it: torchrun's agent starts the CUDA driver when it asks whether CUDA is
+  available, and a rank forked from it then cannot use CUDA at all (a cold rank can);
 - not Linux (fork, /proc and the subreaper are Linux's);
 - the server could not be started (its last words are in the reason).
 
@@ -126,15 +127,22 @@ def _cold_rule(spec: LaunchSpec) -> str | None:
         return f"{runfiles.ENV_START}=cold"
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return "warm start needs Linux (fork, /proc)"
-    if spec.backend == "nccl" or (spec.backend == "auto" and _ranks_see_a_gpu(spec.env)):
+    if spec.backend == "nccl":
         return "a GPU run starts cold (warm start is tested on CPU only)"
+    if ranks_see_a_gpu(spec.env):
+        # gloo too: torchrun's agent asks torch.cuda.is_available() (LaunchConfig), which
+        # starts the CUDA driver in the agent, and a rank forked from it then fails at its
+        # first CUDA call ("Cannot re-initialize CUDA in forked subprocess"): DCP's file
+        # writer makes one on torch 2.11, with CPU tensors only
+        return ("the ranks can see a GPU: a run that may use CUDA starts cold (a rank forked "
+                "from torchrun's agent cannot start CUDA; CUDA_VISIBLE_DEVICES= hides the GPUs)")
     return None
 
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
-def _ranks_see_a_gpu(extra: dict[str, str]) -> bool:
+def ranks_see_a_gpu(extra: dict[str, str]) -> bool:
     """An NVIDIA GPU on this machine that the run's ranks can see, without importing
     torch: CUDA_VISIBLE_DEVICES empty (or -1), in the run's variables or the caller's,
     hides every GPU from CUDA, and the ranks run on CPU as on a machine without one."""
