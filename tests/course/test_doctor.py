@@ -51,3 +51,18 @@ def test_the_variable_torch_takes_its_threads_from_is_the_one_named(env, named):
     said = [a for a in report["advice"] if "_NUM_THREADS=" in a]
     assert [a.split(" in the environment:")[0] for a in said] == ([named] if named else []), \
         report["advice"]
+
+
+def test_a_machine_whose_ranks_see_a_gpu_is_told_why_its_runs_start_cold():
+    """On such a machine every run starts cold, gloo ones too (run/warm.py): the advice
+    says so and how to hide the GPUs; a machine without GPUs is told nothing of it."""
+    from labutils.course.doctor import gpu_advice
+
+    said = gpu_advice(1, starts_cold=True)
+    assert said[0].startswith("use backend='nccl'") and said[1].startswith("runs start cold here")
+    assert "CUDA_VISIBLE_DEVICES=" in said[1]
+    assert gpu_advice(1, starts_cold=False) == said[:1]   # GPUs torch sees, not NVIDIA's driver
+    assert gpu_advice(0, starts_cold=False) == []
+    report = doctor({})
+    if not report["gpus"]:
+        assert not any("cold" in a for a in report["advice"])

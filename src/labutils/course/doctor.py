@@ -17,10 +17,23 @@ def recommended_world_size(cores: int, gpus: int) -> int:
     return max(2, min(4, cores))
 
 
+def gpu_advice(gpus: int, starts_cold: bool) -> list[str]:
+    """What a machine with GPUs should know: nccl, and why its runs start cold
+    (starts_cold: the ranks can see an NVIDIA GPU, run/warm.py)."""
+    if not gpus:
+        return []
+    return [f"use backend='nccl' (auto picks it) with up to {gpus} ranks, one GPU each",
+            *(["runs start cold here, gloo ones too: a rank forked from a warm server could "
+               "not use CUDA; CUDA_VISIBLE_DEVICES= (empty) hides the GPUs, and a CPU-only run "
+               "then starts warm"] if starts_cold else [])]
+
+
 def environment_report() -> dict:
     """Facts about this machine and the torch install, as plain data."""
     import torch
     import torch.distributed as dist
+
+    from labutils.run.warm import ranks_see_a_gpu
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -30,10 +43,8 @@ def environment_report() -> dict:
         "mpi": dist.is_available() and dist.is_mpi_available(),
     }
     world = recommended_world_size(cores or 1, gpus)
-    advice = []
-    if gpus:
-        advice.append(f"use backend='nccl' (auto picks it) with up to {gpus} ranks, one GPU each")
-    else:
+    advice = gpu_advice(gpus, starts_cold=ranks_see_a_gpu({}))
+    if not gpus:
         advice.append("no GPU: every lesson runs on CPU with gloo")
         advice.append(f"the lessons start up to 4 ranks; with {cores} core(s) the ranks share "
                       "cores: results stay exact, timings show contention rather than scaling")
