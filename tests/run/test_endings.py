@@ -56,10 +56,10 @@ HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""} if warm_start.ranks_see_a_gpu({}) else 
 
 def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:
     # gloo named and the GPUs hidden: a run whose ranks can see a GPU starts cold by
-    # itself (run/warm.py), and the endings are the CPU's, the same on any machine. The ranks' temporary folder is
-    # the test's: a DataLoader worker killed after it sent a batch leaves its
-    # multiprocessing folder (pymp-*) behind, as it does without the launcher; a short
-    # path, since that folder holds a Unix socket (108 bytes at most).
+    # itself (run/warm.py), and the endings are the CPU's, the same on any machine. The
+    # ranks' temporary folder is the test's: a DataLoader worker killed after it sent a
+    # batch leaves its multiprocessing folder (pymp-*) behind, as it does without the
+    # launcher; a short path, since that folder holds a Unix socket (108 bytes at most).
     with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
         result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
                         backend="gloo", hang_timeout=4 if how == "stuck" else 30, timeout=90,
