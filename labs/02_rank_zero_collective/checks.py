@@ -35,6 +35,24 @@ def global_loss(c):
             _logged_means(c, run, nproc, STEPS, LOG_EVERY, f"{nproc} ranks")
 
 
+@check("Only rank 0 prints the log lines, at 2 and 3 ranks", points=1, required=True)
+def only_rank_zero_prints(c):
+    # every rank calls the collective, but the log is rank 0's: a fix that lets every rank
+    # log (the condition dropped, or master_process made True) ends the hang too
+    for nproc in (2, 3):
+        run = c.run("train.py", nproc, args=ARGS)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        printed = {r.rank: [line for line in r.stdout.splitlines() if "loss" in line]
+                   for r in run.result.ranks}
+        others = sorted(rank for rank, lines in printed.items() if rank != 0 and lines)
+        c.expect(not others and bool(printed.get(0)), f"{nproc} ranks: log lines from rank 0 only",
+                 measured=f"log lines from ranks {[0, *others] if printed.get(0) else others}"
+                 if others or not printed.get(0) else f"rank 0 only ({len(printed[0])} lines)",
+                 expected="rank 0 prints the log; the other ranks call the collective and print "
+                          "nothing")
+
+
 def _replayed_losses(nproc: int, steps: int) -> dict:
     """(step, rank) -> the loss of that rank's batch, from one process replaying the run:
     train.py's batches and model, each step the gradient of the mean over the ranks (DDP's)."""

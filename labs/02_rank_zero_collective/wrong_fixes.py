@@ -11,6 +11,14 @@ MEAN = "        global_loss /= world_size\n"
 
 WRONG_FIXES = [
     WrongFix(
+        "every rank calls the all_reduce, and every rank logs",
+        why="the hurried fix: drops master_process from the condition, so the hang ends and "
+            "each rank prints the log line; the log is rank 0's (found by an audit, "
+            "2026-11-29: it scored 1.000)",
+        base="starter",
+        edits={"train.py": [("    if master_process and step % args.log_every == 0:",
+                             "    if step % args.log_every == 0:")]}),
+    WrongFix(
         "removes the all_reduce and logs rank 0's own loss",
         why="no hang, but the log shows one rank's loss, not the mean",
         edits={"train.py": [(REDUCE, ""), (MEAN, "")]}),

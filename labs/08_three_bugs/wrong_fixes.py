@@ -16,7 +16,27 @@ SAVE = '''if rank == 0:  # one copy of the weights is enough: every rank holds t
     torch.save(model.module.state_dict(), args.ckpt)
 '''
 
+LOADER = "loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)"
+
 WRONG_FIXES = [
+    WrongFix(
+        "each epoch's permutation cut in strided shares by hand, without padding",
+        why="right where the ranks divide the items; at 4 ranks x 26 items the shares are "
+            "7, 7, 6 and 6, and the ranks take 4 steps or 3 (found by an audit, 2026-11-29: "
+            "it scored 1.000 when every case divided)",
+        edits={"train.py": [
+            ("from torch.utils.data import DataLoader, DistributedSampler",
+             "from torch.utils.data import DataLoader, DistributedSampler, Subset"),
+            (SAMPLER, ""), (LOADER, ""),
+            (SET_EPOCH, "    g = torch.Generator().manual_seed(args.seed + epoch)  # the same on every rank\n"
+                        "    perm = torch.randperm(len(dataset), generator=g)\n"
+                        "    loader = DataLoader(Subset(dataset, perm[rank::world_size].tolist()),\n"
+                        "                        batch_size=args.batch_size)\n")]}),
+    WrongFix(
+        "DataLoader(drop_last=True), to keep the batches even",
+        why="each rank's short last batch is never trained on (found by an audit, 2026-11-29: "
+            "it scored 1.000 when no case had a short batch)",
+        edits={"train.py": [(LOADER, LOADER.replace("sampler=sampler)", "sampler=sampler, drop_last=True)"))]}),
     WrongFix(
         "two of three: the data and the gradients fixed, DDP's state_dict still saved",
         why="the checkpoint's keys start with 'module.': the plain model refuses it",

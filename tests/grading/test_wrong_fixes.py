@@ -194,3 +194,25 @@ def test_the_runs_of_wrong_fixes_leave_nothing_in_the_temporary_folder(tmp_path)
     assert "Leaves a file in its temporary folder" in [c["name"] for c in row.checks]
     assert not (Path(tempfile.gettempdir()) / name).exists()
     assert not list(tmp_path.rglob(name))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_look_at_one_batch_and_an_evaluation_loop_are_no_epochs_in_lab_08(tmp_path):
+    """Lab 08 reads the data each step trained on from the DataLoader: batches taken since
+    the step before, of another pass over the loader than the step's (a look at one batch
+    before training, an evaluation loop after each epoch), trained nothing. An audit's
+    correct fixes with either lost the lab (0.867 and 0.500): the look made every epoch
+    one pass late, the evaluation's batches were charged to the next step."""
+    lab = REPO / "labs" / "08_three_bugs"
+    both = WrongFix("the solution, with a look at one batch and an evaluation each epoch",
+                    why="correct: neither trains", edits={"train.py": [
+                        ("step = 0\n", "x0, y0, i0 = next(iter(loader))  # a look at one batch\n"
+                                       "print0(f\"a batch of {tuple(x0.shape)}\")\nstep = 0\n"),
+                        ("    print0(f\"epoch {epoch}: mean loss {total_loss / len(loader):.4f}\")\n",
+                         "    with torch.no_grad():\n"
+                         "        held = sum(F.mse_loss(model(x), y).item() for x, y, _ in loader)\n"
+                         "    print0(f\"epoch {epoch}: mean loss {total_loss / len(loader):.4f}, "
+                         "evaluated {held / len(loader):.4f}\")\n")]})
+    (row,) = score_all(lab, [both], scratch=tmp_path, decide=False)
+    assert row.fraction == 1.0 and not row.error, row.checks
