@@ -12,6 +12,20 @@ LOADER = "loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampl
 
 WRONG_FIXES = [
     WrongFix(
+        "each epoch's permutation cut in strided shares by hand, without padding",
+        why="right where the ranks divide the items; at 4 ranks x 26 items the shares are 7, "
+            "7, 6 and 6 items, so the last batches differ in size (and at other sizes the "
+            "ranks take different numbers of steps: a hang) (found by an audit, 2026-11-29: "
+            "it scored 1.000 when every case divided)",
+        edits={"train.py": [
+            ("from torch.utils.data import DataLoader, DistributedSampler, TensorDataset",
+             "from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset"),
+            (SAMPLER, ""), (LOADER, ""),
+            (SET_EPOCH, "    g = torch.Generator().manual_seed(args.seed + epoch)  # the same on every rank\n"
+                        "    perm = torch.randperm(len(dataset), generator=g)\n"
+                        "    loader = DataLoader(Subset(dataset, perm[rank::world_size].tolist()),\n"
+                        "                        batch_size=args.batch_size)\n")]}),
+    WrongFix(
         "set_epoch added, but each rank still shuffles with its own seed",
         why="half the fix: a new order every epoch, but the ranks' slices of different "
             "permutations overlap and miss items",
