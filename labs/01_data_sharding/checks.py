@@ -20,7 +20,6 @@ from labutils.grading import check
 ITEMS = 24
 EPOCHS = 3
 BATCH = 5   # divides no rank's share at 2, 3 or 4 ranks: each epoch ends on a short batch
-ARGS = ["--epochs", EPOCHS, "--items", ITEMS, "--batch-size", BATCH]
 
 
 def _run(c, nproc, *, seed=0, items=ITEMS):
@@ -97,9 +96,9 @@ def _cover_part(c, epochs, nproc: int, label: str, items: int = ITEMS) -> None:
                 or len(epochs.get(epoch, {})) != nproc:
             problems.append(f"epoch {epoch}: {twice} items seen more than once, "
                             f"{never} never seen, reports from {len(epochs.get(epoch, {}))} ranks")
-    twice = "" if not padding else f", at most {padding} of them twice (padding)"
-    c.expect(not problems, f"{label}: each of the {items} items once per epoch{twice}",
-             measured="; ".join(problems) or f"every epoch covers the {items} items once{twice}",
+    padded = "" if not padding else f", at most {padding} of them twice (padding)"
+    c.expect(not problems, f"{label}: each of the {items} items once per epoch{padded}",
+             measured="; ".join(problems) or f"every epoch covers the {items} items once{padded}",
              expected=f"each epoch, the ranks' shares are disjoint and cover all {items} items"
              + ("" if not padding else f" ({nproc} equal shares repeat {padding})"))
 

@@ -40,19 +40,19 @@ def _batches(run) -> dict:
     batches of another pass taken since the step before (a look at one batch, an
     evaluation loop over the loader) trained nothing, and are left out. The passes that
     trained, in order, are the epochs."""
-    steps, trained = {}, {}
+    items, epochs = {}, {}   # step -> rank -> its items, and the epoch of its batches
     for rank, record in run.probe("data").items():
         passes: list = []
         for step, batches in enumerate(record["steps"]):
             last = batches[-1][0] if batches else None
             if last is not None and last not in passes:
                 passes.append(last)
-            items = [i for p, indices in batches if p == last for i in indices]
-            trained.setdefault(step, {})[rank] = passes.index(last) if last is not None else -1
-            steps.setdefault(step, (0, {}))[1][rank] = items
+            items.setdefault(step, {})[rank] = [i for p, indices in batches if p == last
+                                                for i in indices]
+            epochs.setdefault(step, {})[rank] = passes.index(last) if last is not None else -1
     # a step's epoch: rank 0's (the ranks agree, or the data parts say what differs)
-    return {step: (trained[step].get(0, min(trained[step].values())), ranks)
-            for step, (_, ranks) in steps.items()}
+    return {step: (epochs[step].get(0, min(epochs[step].values())), ranks)
+            for step, ranks in items.items()}
 
 
 def _data_parts(c, run, nproc: int, case: dict) -> None:
