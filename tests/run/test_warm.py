@@ -281,6 +281,8 @@ def test_runs_start_cold_where_the_ranks_see_a_gpu_and_warm_where_it_is_hidden(
     gpus = tmp_path / "gpus"
     (gpus / "0000:01:00.0").mkdir(parents=True)
     monkeypatch.setattr(warm, "NVIDIA_GPUS", gpus)
+    monkeypatch.setattr(warm, "AMD_GPUS", tmp_path / "no-kfd")
+    monkeypatch.setattr(warm, "torch_gpu_builds", lambda: {"cuda"})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert "GPU" in warm.decide_start(_spec()).reason
     assert "GPU" in warm.decide_start(_spec(env={"CUDA_VISIBLE_DEVICES": "0"})).reason
@@ -296,6 +298,36 @@ def test_runs_start_cold_where_the_ranks_see_a_gpu_and_warm_where_it_is_hidden(
     monkeypatch.setattr(warm, "NVIDIA_GPUS", tmp_path / "no-driver")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert warm.decide_start(_spec()) == warm.Start("warm")
+
+
+def test_a_gpu_the_installed_torch_cannot_use_leaves_runs_warm(monkeypatch, tmp_path):
+    """A CPU build of torch (the lock's, from a CPU wheel index) on a machine with an
+    NVIDIA GPU: no rank can start CUDA, so nothing poisons a fork and runs start warm.
+    An AMD GPU (/dev/kfd) with a ROCm build starts cold like an NVIDIA one with CUDA's,
+    and HIP's and ROCr's own variables hide it too. The build is read from torch's
+    version.py without importing torch, and agrees with torch.version."""
+    import torch
+
+    assert warm.torch_gpu_builds() == {k for k in ("cuda", "hip") if getattr(torch.version, k)}
+    gpus = tmp_path / "gpus"
+    (gpus / "0000:01:00.0").mkdir(parents=True)
+    kfd = tmp_path / "kfd"
+    monkeypatch.setattr(warm, "NVIDIA_GPUS", gpus)
+    monkeypatch.setattr(warm, "AMD_GPUS", tmp_path / "no-kfd")
+    for name in warm.HIDING["hip"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(warm, "torch_gpu_builds", lambda: set())
+    assert warm.decide_start(_spec()) == warm.Start("warm")
+    monkeypatch.setattr(warm, "torch_gpu_builds", lambda: {"hip"})
+    assert warm.decide_start(_spec()) == warm.Start("warm")       # NVIDIA's GPU, ROCm's torch
+    kfd.touch()
+    monkeypatch.setattr(warm, "AMD_GPUS", kfd)
+    assert "GPU" in warm.decide_start(_spec(backend="gloo")).reason
+    for name in warm.HIDING["hip"]:
+        assert warm.decide_start(_spec(env={name: ""})) == warm.Start("warm"), name
+    monkeypatch.setattr(warm, "torch_gpu_builds", lambda: {"cuda"})
+    assert "GPU" in warm.decide_start(_spec()).reason             # the NVIDIA GPU again
+    assert warm.decide_start(_spec(env={"HIP_VISIBLE_DEVICES": ""})).reason  # hides AMD's only
 
 
 def test_a_run_no_server_can_serve_starts_cold_with_the_servers_last_words(monkeypatch, runs_dir):

@@ -18,9 +18,11 @@ cluster/slurm_backend.py):
 - ``warm=False`` / ``labutils launch --cold``, or LABUTILS_START=cold in the caller's
   environment (every run of a kernel, a class or a test session cold);
 - a GPU run (``backend="nccl"``): the course has tested warm starts on CPU only;
-- any backend where this machine has an NVIDIA GPU and CUDA_VISIBLE_DEVICES does not
-  hide it: torchrun's agent starts the CUDA driver when it asks whether CUDA is
-  available, and a rank forked from it then cannot use CUDA at all (a cold rank can);
+- any backend where this machine has a GPU (NVIDIA's driver lists one, or AMD's
+  /dev/kfd), the installed torch was built for it (CUDA or ROCm) and the
+  *_VISIBLE_DEVICES variables do not hide it: torchrun's agent starts the driver when
+  it asks whether CUDA is available, and a rank forked from it then cannot use the GPU
+  at all (a cold rank can); a CPU build of torch on such a machine starts warm;
 - not Linux (fork, /proc and the subreaper are Linux's);
 - the server could not be started (its last words are in the reason).
 
@@ -140,19 +142,56 @@ def _cold_rule(spec: LaunchSpec) -> str | None:
 
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+AMD_GPUS = Path("/dev/kfd")  # ROCm's compute device: present where amdgpu drives a GPU
+# Where CUDA's and ROCm's runtimes read which GPUs a process may see; empty or -1 hides
+# them all (a ROCm build of torch reads CUDA_VISIBLE_DEVICES too).
+HIDING = {"cuda": ("CUDA_VISIBLE_DEVICES",),
+          "hip": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}
 
 
 def ranks_see_a_gpu(extra: dict[str, str]) -> bool:
-    """An NVIDIA GPU on this machine that the run's ranks can see, without importing
-    torch: CUDA_VISIBLE_DEVICES empty (or -1), in the run's variables or the caller's,
-    hides every GPU from CUDA, and the ranks run on CPU as on a machine without one."""
-    visible = extra.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
+    """A GPU on this machine that the run's ranks can use, without importing torch: an
+    NVIDIA GPU in its driver's /proc folder with a CUDA build of torch, or an AMD one
+    (/dev/kfd) with a ROCm build, and no *_VISIBLE_DEVICES variable, in the run's
+    variables or the caller's, empty (or -1), which hides every GPU: the ranks then run
+    on CPU as on a machine without one, as they do with a CPU build of torch."""
+    builds = torch_gpu_builds()
+    for kind, present in (("cuda", _any_entry(NVIDIA_GPUS)), ("hip", AMD_GPUS.exists())):
+        if not present or kind not in builds:
+            continue
+        hidden = False
+        for name in HIDING[kind]:
+            value = extra.get(name, os.environ.get(name))
+            hidden = hidden or (value is not None and value.strip() in ("", "-1"))
+        if not hidden:
+            return True
+    return False
+
+
+def _any_entry(folder: Path) -> bool:
     try:
-        return any(NVIDIA_GPUS.iterdir())
+        return any(folder.iterdir())
     except OSError:
         return False
+
+
+def torch_gpu_builds() -> set[str]:
+    """Which GPUs the torch the ranks import was built for ("cuda", "hip"), read from
+    its torch/version.py without importing it. Where that file cannot be read, both:
+    a run that might use a GPU starts cold, which costs time and never a wrong verdict."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        folder = Path(next(iter(spec.submodule_search_locations or ()))) if spec else None
+        text = (folder / "version.py").read_text() if folder else ""
+    except (OSError, ImportError, StopIteration, ValueError):
+        text = ""
+    found = dict(re.findall(r"^(cuda|hip)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.M))
+    if set(found) != {"cuda", "hip"}:
+        return {"cuda", "hip"}
+    return {kind for kind, value in found.items() if value != "None"}
 
 
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
