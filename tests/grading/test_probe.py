@@ -81,10 +81,22 @@ SCRIPT = textwrap.dedent('''
 
     from labutils.dist import init, report
 
+    class Stats(nn.Module):  # a layer of the script's own that keeps running statistics
+        def __init__(self, n):
+            super().__init__()
+            self.register_buffer("running_mean", torch.full((n,), 2.0))
+            self.register_buffer("running_var", torch.full((n,), 3.0))
+
+        def forward(self, x):
+            return x
+
     rank, world_size, device = init()
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = DDP(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), Stats(4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()                                 # no gradient to take: not a step
     for step in range(3):
         optimizer.zero_grad()
         model(torch.randn(5, 3) + rank).sum().backward()
@@ -117,6 +129,7 @@ def test_the_probe_measures_inside_the_ranks_and_cannot_be_forged(tmp_path):
     for rank, record in run.probe("buffers").items():
         mine = next(r["running_mean"] for r in run.rows("running_mean") if r["rank"] == rank)
         assert record["layers"]["1"]["running_mean"] == pytest.approx(mine)
+        assert record["layers"]["2"] == {"running_mean": [2.0] * 4, "running_var": [3.0] * 4}
     traffic = run.probe("traffic")
     assert ["allreduce", 32, None] in traffic[0]["operations"]     # distributed_c10d.all_reduce
     assert ["send", 20, 1] in traffic[0]["operations"]             # 20 bytes to rank 1

@@ -341,9 +341,11 @@ class Checker:
             nproc: ranks.
             args: the script's command-line arguments.
             measure: probes to run inside each rank (labutils.grading.probe): "weights"
-                (the final parameters of every DDP model), "buffers" (their BatchNorm
-                statistics), "allreduce" (DDP all-reduces per optimizer step), "steps"
-                (optimizer steps per attempt), "traffic" (process-group operations and
+                (the final parameters of every DDP model), "buffers" (the running
+                statistics of their layers that keep them, BatchNorm's or the script's
+                own), "allreduce" (DDP all-reduces per optimizer step), "steps"
+                (optimizer steps per attempt that had a gradient and a learning rate to
+                take), "traffic" (process-group operations and
                 their bytes), "files" (writes, renames, loads); or ["signed"] alone: the
                 script is the lab's own harness, whose probe.signer() records count as
                 measured and the learner's script cannot forge.

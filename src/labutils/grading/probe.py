@@ -171,10 +171,21 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
     if "forwards" in measures:
         state["forwards"], state["forwards_taken"] = [], []
     if measures & {"allreduce", "steps", "data", "forwards"}:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         state["steps"] = 0
+        state["graded"] = True
+
+        def before_step(optimizer, args, kwargs):
+            """Whether this step has a gradient to take: a step on none, or on zeros
+            only, trains nothing (one taken before loading a checkpoint so that the
+            optimizer has its momentum buffers to load into, say)."""
+            state["graded"] = any(p.grad is not None and bool(p.grad.any())
+                                  for group in optimizer.param_groups for p in group["params"])
 
         def after_step(optimizer, args, kwargs):
             if "data" in state:  # the batches taken since the last step trained this one
@@ -187,12 +198,14 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
             calls = sum(len(r.calls) for r in state["recorders"])
             state["per_step"].append(calls - state["counted"])
             state["counted"] = calls
-            if "steps" not in measures or all(
+            if "steps" not in measures or not state["graded"] or all(
                     float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups):
                 return  # lr 0 trains nothing: dcp's get/set_state_dict steps so to make state
             state["steps"] += 1
             send(probe="steps", restart=restart, taken=state["steps"])  # now: a kill may come
 
+        if "steps" in measures:
+            register_optimizer_step_pre_hook(before_step)
         register_optimizer_step_post_hook(after_step)
     if "traffic" in measures:
         state["traffic"] = count_traffic()
@@ -406,13 +419,14 @@ def _send(measures: set[str], state: dict, send: Callable[..., None]) -> None:
             send(probe="weights", model=index, names=names, values=values,
                  sha256=digest.hexdigest())
     if "buffers" in measures:
-        from torch.nn.modules.batchnorm import _NormBase
+        import torch
 
         for index, model in enumerate(state["models"]):
             layers = {}
-            for name, module in model.named_modules():
+            for name, module in model.named_modules():  # BatchNorm's, or a layer of the
+                # script's own that keeps running statistics under the same names
                 mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
-                if isinstance(module, _NormBase) and mean is not None and var is not None:
+                if isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
                     layers[name] = {"running_mean": mean.detach().cpu().tolist(),
                                     "running_var": var.detach().cpu().tolist()}
             send(probe="buffers", model=index, layers=layers)
