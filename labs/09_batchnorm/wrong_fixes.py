@@ -6,6 +6,10 @@ learner's copy.
 
 from labutils.grading.wrongfix import WrongFix
 
+STATS = ("        total = AllReduceSum.apply(torch.cat([x.sum(0), (x * x).sum(0), count]))\n"
+         "        n = total[-1]\n"
+         "        mean = total[:self.num_features] / n\n"
+         "        var = total[self.num_features:-1] / n - mean * mean  # biased, as normalisation uses\n")
 REPORT = "report(val_loss=val_loss, running_mean=norm.running_mean, running_var=norm.running_var)"
 
 WRONG_FIXES = [
@@ -57,9 +61,10 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
 ''')]}),
     WrongFix(
         "every rank trains on the global batch: reads every shard, no synchronisation",
-        why="each rank's plain BatchNorm sees every rank's items, so the statistics and weights "
-            "are the reference's exactly; but every rank does the whole step's work and the "
-            "shards are not shared out: each forward takes world size x batch size items",
+        why="each rank's plain BatchNorm would see every rank's items, so the statistics and "
+            "weights would be the reference's exactly; but every rank would do the whole step's "
+            "work and the shards are not shared out: global_batch refuses another rank's items "
+            "in a distributed run (and each forward would take world size x batch size items)",
         base="starter",
         edits={"train.py": [
             ("from shards import held_out, make_model, shard_batch",
@@ -67,6 +72,20 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
             ("    x, y = shard_batch(step, rank=rank, size=args.batch_size, seed=args.seed)",
              "    x, y = global_batch(step, world_size=world_size, size=args.batch_size, "
              "seed=args.seed)")]}),
+    WrongFix(
+        "no collective: each rank computes the global batch's statistics from every shard",
+        why="each rank reads the other ranks' items (global_batch) and runs them through the "
+            "first layer to take the whole batch's mean and variance, with their gradient: the "
+            "numbers are the reference's, with every rank doing the work of all and no rank "
+            "learning anything from another; global_batch refuses another rank's items in a "
+            "distributed run",
+        edits={"train.py": [(STATS,
+                             "        from shards import global_batch\n"
+                             "        gx, _ = global_batch(step, world_size=world_size, "
+                             "size=args.batch_size, seed=args.seed)\n"
+                             "        full = model.module[0](gx.to(x.device))\n"
+                             "        n = torch.tensor(float(full.shape[0]))\n"
+                             "        var, mean = torch.var_mean(full, 0, unbiased=False)\n")]}),
     WrongFix(
         "hard-codes the notebook's 8 items per rank in the global count",
         why="right at --batch-size 8, the public case; with 5 items a rank (the hidden case) "
