@@ -39,20 +39,29 @@ def one_allreduce_per_step(c):
 
 # Required: one forward pass over the step's micro-batches put together also gives one
 # all-reduce and the reference's weights, but holds the whole step's activations at once,
-# which is what accumulating micro-batches is for.
+# which is what accumulating micro-batches is for. So do accum forward passes whose losses
+# are summed for one backward at the end: every micro-batch's graph is kept until then.
 @check(f"Each optimizer step accumulates {ACCUM} micro-batches: {ACCUM} forward passes of one "
-       "micro-batch each", points=1, required=True)
+       "micro-batch each, each one's backward before the next forward", points=1, required=True)
 def accumulates(c):
     for nproc, batch in RUNS.items():
         run = _run(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        steps = run.probe("forwards").get(0, {}).get("per_step", [])
+        forwards = run.probe("forwards").get(0, {})
+        steps, passes = forwards.get("per_step", []), forwards.get("passes", [])
         c.expect(bool(steps) and all(sizes == [batch] * ACCUM for sizes in steps),
                  f"{nproc} ranks, --accum {ACCUM} --batch-size {batch}",
                  measured="items in each forward pass through the model, per optimizer step "
                           f"(rank 0): {steps[:3]}{' ...' if len(steps) > 3 else ''}",
                  expected=f"{[batch] * ACCUM} every step")
+        c.expect(bool(passes) and all(order == "FB" * ACCUM for order in passes),
+                 f"{nproc} ranks: each micro-batch's backward before the next forward",
+                 measured="forward (F) and backward (B) passes through the model, per optimizer "
+                          f"step (rank 0): {passes[:3]}{' ...' if len(passes) > 3 else ''}",
+                 expected=f"{'FB' * ACCUM!r} every step: a backward per micro-batch, which frees "
+                          "its graph; forwards first and one backward over their summed losses "
+                          "keep every micro-batch's activations until the end")
 
 
 @check("The weights equal one process taking the whole batch at once", points=4)

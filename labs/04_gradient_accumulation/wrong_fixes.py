@@ -7,6 +7,12 @@ never in a learner's copy.
 from labutils.grading.wrongfix import WrongFix
 
 SCALED = "            loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum\n"
+STARTER_LOOP = """    for micro in range(args.accum):
+        x, y = next(micro_batches)
+        loss = F.mse_loss(model(x.to(device)), y.to(device))
+        loss.backward()  # gradients add up in .grad until the optimizer step
+        step_loss += loss.item() / args.accum
+"""
 SYNC_BLOCK = """        with nullcontext() if sync else model.no_sync():
             # the mean over the micro-batches, not their sum: divide by accum
             loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum
@@ -45,12 +51,7 @@ WRONG_FIXES = [
             "right weights, but the whole step's activations are in memory at once, which is "
             "what accumulating micro-batches was for",
         base="starter",
-        edits={"train.py": [("""    for micro in range(args.accum):
-        x, y = next(micro_batches)
-        loss = F.mse_loss(model(x.to(device)), y.to(device))
-        loss.backward()  # gradients add up in .grad until the optimizer step
-        step_loss += loss.item() / args.accum
-""", """    # the step's micro-batches as one batch: one backward, one all-reduce, the mean loss
+        edits={"train.py": [(STARTER_LOOP, """    # the step's micro-batches as one batch: one backward, one all-reduce, the mean loss
     parts = [next(micro_batches) for _ in range(args.accum)]
     x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     loss = F.mse_loss(model(x.to(device)), y.to(device))
@@ -63,4 +64,30 @@ WRONG_FIXES = [
             "synchronises, the ranks never average their gradients and drift apart",
         edits={"train.py": [("        sync = micro == args.accum - 1\n",
                              "        sync = micro == 3  # the last of the 4 micro-batches\n")]}),
+    WrongFix(
+        "the micro-batch losses kept in a list, one backward over their mean per step",
+        why="accum forward passes of one micro-batch each, one all-reduce and the right weights "
+            "without no_sync, but every micro-batch's graph is kept until the one backward: "
+            "the step's activations are all in memory at once, as with one big batch",
+        base="starter",
+        edits={"train.py": [(STARTER_LOOP, """    losses = []
+    for micro in range(args.accum):
+        x, y = next(micro_batches)
+        losses.append(F.mse_loss(model(x.to(device)), y.to(device)))
+    loss = sum(losses) / args.accum
+    loss.backward()  # one backward, one all-reduce
+    step_loss = loss.item()
+""")]}),
+    WrongFix(
+        "only the forward under no_sync, the losses added up and one backward after the loop",
+        why="DDP's all-reduce comes once, in the backward after the last forward, but that "
+            "backward runs through every micro-batch's graph, all kept alive until then: no "
+            "memory saved over one big batch",
+        edits={"train.py": [(SYNC_BLOCK + "        step_loss += loss.item()\n",
+                             """        with nullcontext() if sync else model.no_sync():
+            loss = F.mse_loss(model(x.to(device)), y.to(device)) / args.accum
+        total = loss if micro == 0 else total + loss  # one backward for them all, below
+        step_loss += loss.item()
+    total.backward()
+""")]}),
 ]

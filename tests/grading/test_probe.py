@@ -149,6 +149,7 @@ DATA_SCRIPT = textwrap.dedent('''
     rank, world, _ = init()
     workers, persistent = int(sys.argv[1].rstrip("p")), sys.argv[1].endswith("p")
     via_module = sys.argv[2:] == ["module"]  # accumulate through model.module, as no_sync would
+    summed = sys.argv[2:] == ["summed"]  # the step's losses kept, one backward over them all
     data = TensorDataset(torch.arange(12, dtype=torch.float32).unsqueeze(1))
     sampler = DistributedSampler(data, shuffle=True, seed=3)
     loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=workers,
@@ -157,9 +158,17 @@ DATA_SCRIPT = textwrap.dedent('''
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(2):
         sampler.set_epoch(epoch)
+        kept = []
         for k, (x,) in enumerate(loader):
-            (model.module if via_module and k % 3 != 2 else model)(x).sum().backward()
+            loss = (model.module if via_module and k % 3 != 2 else model)(x).sum()
+            if summed:
+                kept.append(loss)
+            else:
+                loss.backward()
             if k % 3 == 2:  # three batches a step: accumulation
+                if summed:
+                    sum(kept).backward()
+                    kept = []
                 opt.step()
                 opt.zero_grad()
         report(probe="data", steps=[[[0, [0, 1, 2]]]])  # a forgery: dropped
@@ -202,12 +211,16 @@ def test_the_data_probe_sees_each_batch_a_dataloader_hands_over(tmp_path, worker
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("through", ["ddp", "module"])
-def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path, through):
+@pytest.mark.parametrize(("through", "passes"),
+                         [("ddp", "FBFBFB"), ("module", "FBFBFB"), ("summed", "FFFBBB")])
+def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path, through, passes):
     """DATA_SCRIPT accumulates three forward passes of 2 items per optimizer step, two
     steps a rank; the batch it takes after its last step goes through no forward pass.
     A forward pass straight through model.module counts too (lab 04 once failed such a
-    correct fix: it skips DDP's reducer for the micro-batches that must not synchronise)."""
+    correct fix: it skips DDP's reducer for the micro-batches that must not synchronise).
+    The order of forward and backward passes tells a backward per micro-batch from one
+    backward over the step's summed losses (lab 04 once passed that: it keeps every
+    micro-batch's graph until the end)."""
     script = tmp_path / "script.py"
     script.write_text(DATA_SCRIPT)
     result = launch_measured(script, 2, measure=["forwards"], args=["0", through], display="none",
@@ -217,6 +230,8 @@ def test_the_forwards_probe_counts_each_forward_pass_by_optimizer_step(tmp_path,
     for rank in (0, 1):
         assert forwards[rank]["per_step"] == [[2, 2, 2], [2, 2, 2]]
         assert forwards[rank]["after_last_step"] == []
+        assert forwards[rank]["passes"] == [passes, passes]
+        assert forwards[rank]["passes_after_last_step"] == ""
 
 
 SUBSET_SCRIPT = textwrap.dedent('''

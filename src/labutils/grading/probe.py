@@ -47,7 +47,11 @@ when the script ends well, sends what it measured with report(probe=...):
   way of the wrapper, or of its .module: a correct way to accumulate), grouped by
   optimizer step as data's batches are, each as the batch size of its first tensor
   argument: a check can tell micro-batches accumulated over several forward passes from
-  one forward pass over them all.
+  one forward pass over them all. With them, per step, the order of those forward
+  passes (F) and of their backward passes (B: the first gradient to reach a forward
+  pass's output, seen by a hook on its output tensors), as a string such as "FBFB": a
+  check can tell micro-batches whose backward comes before the next forward (each
+  graph freed as it goes) from forwards whose graphs are all kept for one backward.
 
 Only the probe's records count as the probe's: launch_measured() hands each run a
 secret in the environment, which the probe takes out before the script starts and
@@ -161,8 +165,9 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
             self.register_comm_hook = register_comm_hook
         if "forwards" in measures:  # on the wrapped model: DDP's forward calls it, and so
             # does a script that skips the reducer with model.module (as no_sync does)
-            self.module.register_forward_pre_hook(
-                lambda module, args: state["forwards_taken"].append(_batch_size(args)))
+            self.module.register_forward_pre_hook(lambda module, args: _forward_began(state, args))
+            self.module.register_forward_hook(
+                lambda module, args, output: _watch_backward(state, output))
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]  # the probe's wrapper
 
@@ -170,6 +175,7 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
         state["data"] = _watch_batches()
     if "forwards" in measures:
         state["forwards"], state["forwards_taken"] = [], []
+        state["passes"], state["passes_taken"] = [], []
     if measures & {"allreduce", "steps", "data", "forwards"}:
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -194,7 +200,8 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
                 data["taken"] = []
             if "forwards" in state:  # the forward passes since the last step trained this one
                 state["forwards"].append(state["forwards_taken"])
-                state["forwards_taken"] = []
+                state["passes"].append("".join(state["passes_taken"]))
+                state["forwards_taken"], state["passes_taken"] = [], []
             calls = sum(len(r.calls) for r in state["recorders"])
             state["per_step"].append(calls - state["counted"])
             state["counted"] = calls
@@ -274,6 +281,28 @@ def _base_indices(dataset, indices: list[int]) -> list[int]:
     except (IndexError, TypeError, ValueError):  # not indices the subset can map: as asked
         return indices
     return mapped
+
+
+def _forward_began(state: dict, args) -> None:
+    """Note a forward pass through a wrapped model: its batch size, and an F in the order."""
+    state["forwards_taken"].append(_batch_size(args))
+    state["passes_taken"].append("F")
+
+
+def _watch_backward(state: dict, output) -> None:
+    """Note a B in the order when the first gradient reaches this forward pass's output
+    (a tensor hook on each output tensor that needs one; an output used by no loss, or
+    computed under no_grad, gets no B)."""
+    begun: list[bool] = []
+
+    def reached(grad):
+        if not begun:
+            begun.append(True)
+            state["passes_taken"].append("B")
+
+    for tensor in _tensors(output):
+        if tensor.requires_grad:
+            tensor.register_hook(reached)
 
 
 def _batch_size(args) -> int | None:
@@ -438,7 +467,8 @@ def _send(measures: set[str], state: dict, send: Callable[..., None]) -> None:
     if "data" in measures:
         send(probe="data", steps=state["data"]["steps"], after_last_step=state["data"]["taken"])
     if "forwards" in measures:
-        send(probe="forwards", per_step=state["forwards"], after_last_step=state["forwards_taken"])
+        send(probe="forwards", per_step=state["forwards"], after_last_step=state["forwards_taken"],
+             passes=state["passes"], passes_after_last_step="".join(state["passes_taken"]))
     if "files" in measures:
         params = [p for model in state["models"] for p in model.parameters()]
         send(probe="files", device=str(params[0].device) if params else "cpu", **state["files"])
