@@ -5,18 +5,23 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 
 A run at 3 ranks stops after 4 steps; a run at 2 ranks, pointed at the same checkpoint
-directory, trains on to 10 steps. Both are compared with a run that trained all 10
-steps at 2 ranks, never stopped. Between the two, the checks leave in the directory what
-a save cut short by a preemption leaves: a newer folder, step-5, holding the ranks'
-files (.distcp) of step 4's checkpoint but no .metadata. The resumed run must pass it by
-and resume from step-4, the newest finished checkpoint.
+directory, trains on to 11 steps, saving as it goes (step-5, step-10, step-11); a run
+at 4 ranks resumes from the checkpoint that resumed run wrote last and trains the last
+step. Together they are compared with a run that trained all 12 steps at 2 ranks, never
+stopped. Before the first resume, the checks leave in the directory what a save cut
+short by a preemption leaves: a newer folder, step-5, holding the ranks' files (.distcp)
+of step 4's checkpoint but no .metadata. The resumed run must pass it by and resume from
+step-4, the newest finished checkpoint. The second resume starts from a checkpoint of a
+run that resumed itself (a position in the data right only for a run that never resumed
+shows there), step-11, with step-5 and step-10 beside it (as text, "step-10" and
+"step-11" sort before "step-5").
 
 Not bitwise: at 3 ranks each rank averages the gradient of 4 items and the all-reduce
 adds 3 such averages; at 2 ranks, 6 items and 2 averages. The same sum in another
 order rounds differently: an uninterrupted run at 3 ranks and one at 2 differ by about
-2e-7 in a loss and 6e-8 in a weight after 10 steps. The checks allow TOLERANCE = 1e-5,
-50 times that; losing SGD's momentum at the resume moves the losses by about 0.1 and
-the weights by about 0.03, and a repeated or skipped step more.
+7e-8 in a loss and 6e-8 in a weight after 12 steps. The checks allow TOLERANCE = 1e-5,
+over 100 times that; losing SGD's momentum at the resume moves the losses by about 0.1
+and the weights by about 0.03, and a repeated or skipped step more.
 """
 
 import math
@@ -27,22 +32,36 @@ from collections import Counter
 
 from labutils.grading import check
 
-STEPS = 10
+STEPS = 12
 TOLERANCE = 1e-5
+# The public case, as (ranks, steps done when the run ends): saved at 3 ranks after 4
+# steps, resumed at 2 up to 11 steps, resumed again at 4 for the last one.
+CHAIN = ((3, 4), (2, 11), (4, STEPS))
 
 
 def _reference(c):
     return c.run("train.py", 2, args=["--steps", STEPS], measure=["weights"])
 
 
-def _ckpt_dir(c, saved_at: int, resumed_at: int) -> str:
-    return str(c.scratch / f"checkpoint-{saved_at}-to-{resumed_at}")
+def _ckpt_dir(c, chain) -> str:
+    return str(c.scratch / ("checkpoint-" + "-to-".join(str(nproc) for nproc, _ in chain)))
 
 
-def _stop(c, saved_at: int, resumed_at: int, stop: int):
-    """The run that trains `stop` steps at saved_at ranks and saves a checkpoint."""
-    return c.run("train.py", saved_at,
-                 args=["--steps", stop, "--ckpt-dir", _ckpt_dir(c, saved_at, resumed_at)],
+def _label(chain) -> str:
+    """'saved at 3 ranks after 4 steps, resumed at 2 and saved after 11, resumed again at 4'"""
+    (nproc, stop), *resumes = chain
+    words = [f"saved at {nproc} ranks after {stop} steps"]
+    for k, (nproc, stop) in enumerate(resumes):
+        again = " again" if k else ""
+        words.append(f"resumed{again} at {nproc}" if k == len(resumes) - 1 else
+                     f"resumed{again} at {nproc} and saved after {stop}")
+    return ", ".join(words)
+
+
+def _stop(c, chain):
+    """The chain's first run: it trains chain[0]'s steps at its ranks and saves a checkpoint."""
+    nproc, stop = chain[0]
+    return c.run("train.py", nproc, args=["--steps", stop, "--ckpt-dir", _ckpt_dir(c, chain)],
                  measure=["steps"])
 
 
@@ -65,22 +84,28 @@ def _cut_short(folder: str, stop: int) -> str:
             f"{'' if len(files) == 1 else 's'} (.distcp), no .metadata")
 
 
-def _stop_and_resume(c, saved_at: int, resumed_at: int, stop: int):
-    """The run that stops after `stop` steps at saved_at ranks, and the run that resumes
-    from its checkpoint at resumed_at ranks, past a newer save cut short (_cut_short); the
-    second is None when the first failed (it would start from scratch and say nothing
-    about a resume)."""
-    folder = _ckpt_dir(c, saved_at, resumed_at)
-    first = _stop(c, saved_at, resumed_at, stop)
-    if not c.completed(first, f"{saved_at} ranks, {stop} steps, then a checkpoint"):
-        return first, None
-    cut = _cut_short(folder, stop)
-    second = c.run("train.py", resumed_at, args=["--steps", STEPS, "--ckpt-dir", folder],
-                   measure=["weights", "steps"])
-    past = f" (the directory also holds {cut})" if cut else ""
-    if not c.completed(second, f"{resumed_at} ranks, resumed, on to {STEPS} steps{past}"):
-        return first, None
-    return first, second
+def _stop_and_resume(c, chain) -> list | None:
+    """The chain's runs, in order: the first trains chain[0]'s steps and saves; each next
+    one, at its own number of ranks, resumes from what the runs before it saved and
+    trains on to its number of steps (the last to STEPS), the first of them past a newer
+    save cut short (_cut_short). None when a run failed (the next would start from
+    scratch, or from an older checkpoint, and say nothing about this resume)."""
+    folder = _ckpt_dir(c, chain)
+    first = _stop(c, chain)
+    if not c.completed(first, f"{chain[0][0]} ranks, {chain[0][1]} steps, then a checkpoint"):
+        return None
+    cut = _cut_short(folder, chain[0][1])
+    runs = [first]
+    for k, (nproc, stop) in enumerate(chain[1:], start=1):
+        last = k == len(chain) - 1
+        run = c.run("train.py", nproc, args=["--steps", stop, "--ckpt-dir", folder],
+                    measure=["weights", "steps"] if last else ["steps"])
+        past = f" (the directory also holds {cut})" if cut and k == 1 else ""
+        saved = "" if last else ", then a checkpoint"
+        if not c.completed(run, f"{nproc} ranks, resumed, on to {stop} steps{saved}{past}"):
+            return None
+        runs.append(run)
+    return runs
 
 
 def _steps_list(steps) -> str:
@@ -111,24 +136,35 @@ def _losses(*runs) -> dict[int, float]:
     return losses
 
 
-def _data_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> None:
-    """Every step runs once over the two runs, on the items of the reference's step."""
-    label = f"saved at {saved_at} ranks after {stop} steps, resumed at {resumed_at}"
+def _spans(chain) -> str:
+    """'steps 0 to 3, then 4 to 10, then 11': the steps each run of the chain should take."""
+    spans, begin = [], 0
+    for _, stop in chain:
+        spans.append(f"{begin}" if stop - 1 == begin else f"{begin} to {stop - 1}")
+        begin = stop
+    return "steps " + ", then ".join(spans)
+
+
+def _data_parts(c, runs, chain) -> None:
+    """Every step runs once over the chain's runs, on the items of the reference's step."""
+    label = _label(chain)
     reference = _reference(c)
     if not c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted"):
         return
-    ran = Counter(row["step"] for run in (first, second) for row in run.rows("step", "items")
+    ran = Counter(row["step"] for run in runs for row in run.rows("step", "items")
                   if row["rank"] == 0)
     twice = [s for s in range(STEPS) if ran[s] > 1]
     never = [s for s in range(STEPS) if ran[s] == 0]
     problems = ([f"steps {_steps_list(twice)} ran twice"] if twice else []) + \
                ([f"steps {_steps_list(never)} never ran"] if never else [])
-    resumed_steps = sorted(row["step"] for row in second.rows("step") if row["rank"] == 0)
+    resumed = [sorted(row["step"] for row in run.rows("step") if row["rank"] == 0)
+               for run in runs[1:]]
+    took = " and ".join(map(str, resumed))
     c.expect(not problems, f"{label}: steps 0 to {STEPS - 1}, each once",
-             measured="; ".join(problems) + f" (the resumed run ran steps {resumed_steps})"
-             if problems else "each step ran once",
-             expected=f"steps 0 to {stop - 1}, then {stop} to {STEPS - 1}, each once")
-    want, got = dict(_global_batches(reference)), _global_batches(first, second)
+             measured="; ".join(problems) + f" (the resumed run{'s' if len(resumed) > 1 else ''} "
+             f"ran steps {took})" if problems else "each step ran once",
+             expected=f"{_spans(chain)}, each once")
+    want, got = dict(_global_batches(reference)), _global_batches(*runs)
     uses = Counter(item for _, items in got for item in items)
     wanted = Counter(item for items in want.values() for item in items)
     more, fewer = len(uses - wanted), len(wanted - uses)  # distinct items
@@ -145,16 +181,16 @@ def _data_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> 
              expected=f"the {STEPS} global batches of the uninterrupted run, each once, in order")
 
 
-def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: int) -> None:
+def _trajectory_parts(c, runs, chain) -> None:
     """The losses of every step and the final weights equal the reference's, within
-    TOLERANCE; measured only when the resumed run took the steps after the checkpoint's
+    TOLERANCE; measured only when each resumed run took the steps after its checkpoint's
     (a run that starts over from step 0 ends on the reference's trajectory too)."""
-    label = f"saved at {saved_at} ranks after {stop} steps, resumed at {resumed_at}"
+    label = _label(chain)
     reference = _reference(c)
     if not (c.completed(reference, f"2 ranks, {STEPS} steps, uninterrupted")
-            and c.each_step_once([first, second], STEPS, f"{label}: the steps each run took")):
+            and c.each_step_once(runs, STEPS, f"{label}: the steps each run took")):
         return
-    want, got = _losses(reference), _losses(first, second)
+    want, got = _losses(reference), _losses(*runs)
     gaps = {s: abs(got[s] - want[s]) for s in want if s in got}
     missing = sorted(set(want) - set(got))
     worst = max(gaps, key=gaps.get, default=None)
@@ -164,7 +200,7 @@ def _trajectory_parts(c, first, second, saved_at: int, resumed_at: int, stop: in
                        f"losses off from step {min(off)} on, by up to {gaps[worst]:.2g} "
                        f"(step {worst})" if off else f"within {max(gaps.values()):.1g}"),
              expected="within 1e-5 of the uninterrupted run's, step by step")
-    want_w, got_w = reference.probe("weights"), second.probe("weights")
+    want_w, got_w = reference.probe("weights"), runs[-1].probe("weights")
     if not want_w or not got_w:
         c.expect(False, f"{label}: the final weights", measured="no weights were measured",
                  expected="a DDP model in train.py")
@@ -188,22 +224,22 @@ def _files(folder: str) -> list[str]:
                   for parent, _, names in os.walk(folder) for name in names)
 
 
-@check("Saved at 3 ranks after 4 steps, resumed at 2: every step runs once, on the items of "
-       "an uninterrupted run", points=4)
+@check(f"{_label(CHAIN).capitalize()}: every step runs once, on the items of an uninterrupted "
+       "run", points=4)
 def data_position(c):
-    first, second = _stop_and_resume(c, 3, 2, stop=4)
-    if second is not None:
-        _data_parts(c, first, second, 3, 2, stop=4)
+    runs = _stop_and_resume(c, CHAIN)
+    if runs is not None:
+        _data_parts(c, runs, CHAIN)
 
 
 # Required, as the next one: a checkpoint that saves the momentum buffers but loads them into
 # an optimizer without any (dcp with plain state_dict()s) passes every other check.
-@check("Saved at 3 ranks after 4 steps, resumed at 2: the losses and the final weights are "
-       "those of an uninterrupted run (within 1e-5)", points=4, required=True)
+@check(f"{_label(CHAIN).capitalize()}: the losses and the final weights are those of an "
+       "uninterrupted run (within 1e-5)", points=4, required=True)
 def trajectory(c):
-    first, second = _stop_and_resume(c, 3, 2, stop=4)
-    if second is not None:
-        _trajectory_parts(c, first, second, 3, 2, stop=4)
+    runs = _stop_and_resume(c, CHAIN)
+    if runs is not None:
+        _trajectory_parts(c, runs, CHAIN)
 
 
 # Required: a run without momentum has no optimizer state to lose, and its own uninterrupted
@@ -211,11 +247,12 @@ def trajectory(c):
 @check("The checkpoints are torch.distributed.checkpoint directories, with the optimizer's state",
        points=2, required=True)
 def written_with_dcp(c):
-    if not c.completed(_stop(c, 3, 2, stop=4), "3 ranks, 4 steps, then a checkpoint"):
+    if not c.completed(_stop(c, CHAIN), f"{CHAIN[0][0]} ranks, {CHAIN[0][1]} steps, then a "
+                       "checkpoint"):
         return
     from torch.distributed.checkpoint import FileSystemReader
 
-    folder = _ckpt_dir(c, 3, 2)
+    folder = _ckpt_dir(c, CHAIN)
     files = _files(folder) if os.path.isdir(folder) else []
     saved = [os.path.dirname(os.path.join(folder, f)) for f in files
              if os.path.basename(f) == ".metadata"]

@@ -1,20 +1,22 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the other way
-round, saved at 2 ranks after 6 steps (two checkpoints, after steps 5 and 6: the
-resumed run must take the newest finished one, past a step-7 save cut short), resumed at
-4, a world size the public checks do not use. Required, as the public trajectory: a
-position in the data that holds only for a checkpoint saved at 3 ranks, or a resume from
-the oldest checkpoint, passes every public check."""
+round from the public checks' first resume, saved at 2 ranks after 6 steps (two
+checkpoints of one run, after steps 5 and 6: the resumed run must take the newest
+finished one, past a step-7 save cut short), resumed at 4 for the 6 steps left.
+Required, as the public trajectory: a fix tuned to the public case's numbers must not
+pass the lab."""
 
-from checks import _data_parts, _stop_and_resume, _trajectory_parts
+from checks import STEPS, _data_parts, _label, _stop_and_resume, _trajectory_parts
 
 from labutils.grading import check
 
+OTHER_WAY_ROUND = ((2, 6), (4, STEPS))
 
-@check("Saved at 2 ranks after 6 steps, resumed at 4: every step runs once, on the same items, "
+
+@check(f"{_label(OTHER_WAY_ROUND).capitalize()}: every step runs once, on the same items, "
        "with the losses and final weights of an uninterrupted run", points=3,
        visibility="after_published", required=True)
 def other_way_round(c):
-    first, second = _stop_and_resume(c, 2, 4, stop=6)
-    if second is not None:
-        _data_parts(c, first, second, 2, 4, stop=6)
-        _trajectory_parts(c, first, second, 2, 4, stop=6)
+    runs = _stop_and_resume(c, OTHER_WAY_ROUND)
+    if runs is not None:
+        _data_parts(c, runs, OTHER_WAY_ROUND)
+        _trajectory_parts(c, runs, OTHER_WAY_ROUND)

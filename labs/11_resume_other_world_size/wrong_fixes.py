@@ -58,8 +58,8 @@ WRONG_FIXES = [
     WrongFix(
         "counts samples_seen per rank, converted with the notebook's saving world size (3)",
         why="start = samples_seen x 3 // global batch is the right step only for a checkpoint "
-            "saved at 3 ranks, the public case; saved at 2 (the hidden case) the resume skips "
-            "steps",
+            "saved at 3 ranks, the public case's first; from one saved at 2 (the public case's "
+            "second resume, the hidden case) the resume skips steps",
         edits={"train.py": [
             ("start = 0\nfolder = newest_checkpoint()\n",
              "samples_seen = 0  # items this rank has trained on\nstart = 0\n"
@@ -74,8 +74,9 @@ WRONG_FIXES = [
              "    report(step=step, items=items, loss=loss.item())\n")]}),
     WrongFix(
         "resumes from the oldest checkpoint",
-        why="min instead of max: with one checkpoint (the public case) it is the newest too; "
-            "with two (the hidden case) the resume trains steps again",
+        why="min instead of max: with one checkpoint (the public case's first resume) it is "
+            "the newest too; with several (its second resume, the hidden case) the resume "
+            "trains steps again",
         edits={"train.py": [("    return max(folders, key=", "    return min(folders, key=")]}),
     WrongFix(
         "resumes from the newest step-* folder, finished or not (no .metadata test)",
@@ -85,4 +86,30 @@ WRONG_FIXES = [
     folders = [os.path.dirname(path) for path in done]
 ''', '''    folders = glob.glob(os.path.join(args.ckpt_dir, "step-*"))
 ''')]}),
+    WrongFix(
+        "keeps the starter's per-rank samples_seen, saves samples_seen x world_size, restores "
+        "the global count into the per-rank counter",
+        why="right for a checkpoint of a run that never resumed, so the first resume carries "
+            "on where it should; but a resumed run counts on from the global count as if it "
+            "were its rank's, and every checkpoint it writes holds a position too far on: "
+            "resumed from one of those, the run skips steps",
+        edits={"train.py": [
+            ("start = 0\nfolder = newest_checkpoint()\n",
+             "samples_seen = 0  # items this rank has trained on\nstart = 0\n"
+             "folder = newest_checkpoint()\n"),
+            ('    start = state["samples_seen"] // args.global_batch\n',
+             '    samples_seen = state["samples_seen"]  # over all ranks\n'
+             '    start = samples_seen // args.global_batch\n'),
+            ("    dcp.save(training_state(steps_done * args.global_batch), checkpoint_id=folder)",
+             "    dcp.save(training_state(samples_seen * world_size), checkpoint_id=folder)"),
+            ("    report(step=step, items=items, loss=loss.item())\n",
+             "    samples_seen += len(items)\n"
+             "    report(step=step, items=items, loss=loss.item())\n")]}),
+    WrongFix(
+        "takes the newest checkpoint by its folder name as text: sorted(folders)[-1]",
+        why="right while the step numbers have one digit; with step-10 and step-5 side by "
+            "side it takes step-5 (\"step-10\" < \"step-5\") and trains the steps after it again",
+        edits={"train.py": [(
+            '    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)',
+            "    return sorted(folders)[-1] if folders else None")]}),
 ]
