@@ -9,6 +9,8 @@ rank does with files: what it opens for writing, what it renames, and the argume
 of every torch.load().
 """
 
+import os
+
 from labutils.grading import check
 
 STEPS = 10
@@ -60,6 +62,15 @@ def _writers(run) -> list[int]:
                   if CKPT in seen["writes"] or any(dst == CKPT for _, dst in seen["renames"]))
 
 
+def _beside(run) -> dict[int, list[str]]:
+    """rank -> the files it opens for writing in the checkpoint's folder (the checkpoint,
+    a temporary file beside it): ranks with none left out."""
+    folder = os.path.dirname(CKPT)
+    found = {rank: sorted({path for path in seen["writes"] if os.path.dirname(path) == folder})
+             for rank, seen in run.probe("files").items()}
+    return {rank: files for rank, files in sorted(found.items()) if files}
+
+
 def _same_weights(c, plain, killed, label: str) -> None:
     want, got = plain.probe("weights"), killed.probe("weights")
     same = bool(want) and all(got.get(r, {}).get("sha256") == want[r]["sha256"] for r in want)
@@ -102,10 +113,12 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
         return
     if killed.ok and killed.restarts == 0:
         c.expect(False, label,
-                 measured=f"the kill never happened: rank {fault['rank']} never reported "
-                          f"step={fault['step']}, phase=\"saving\"",
-                 expected="one rank writes the checkpoint, and write_checkpoint() still "
-                          "reports each chunk (that is where the rank is killed)")
+                 measured=f"the kill never happened: rank {fault['rank']} never called "
+                          f"report(step={fault['step']}, phase=\"saving\", ...)",
+                 expected="write_checkpoint() writing the checkpoint in chunks and calling "
+                          "report(step=step, phase=\"saving\", ...) after each, as the starter's "
+                          "does: that report is where the checks kill the writing rank (a plain "
+                          "torch.save(state, path) is never killed)")
         return
     if c.completed(killed, label, restarts=1) and c.each_step_once([killed], STEPS, label):
         _same_weights(c, plain, killed, label)
@@ -121,19 +134,35 @@ def kill_between_checkpoints(c):
         _same_weights(c, plain, killed, label)
 
 
-# Required: every rank writing its own temporary file and renaming it onto the checkpoint
-# survives every kill below, so these 3 points alone would leave it above the pass mark;
-# but it writes the same bytes once per rank, and the renames race onto one name.
-@check(f"One rank writes {CKPT}, at 2 and 3 ranks", points=3, required=True)
+# Required: every rank writing its own temporary file survives every kill below, whether
+# each renames it onto the checkpoint or one rank does, so these 3 points alone would
+# leave it above the pass mark; but it writes the same bytes once per rank (and the
+# renames race onto one name). So the writing ranks are those that put the checkpoint
+# in place and those that open any file for writing in its folder.
+@check(f"One rank writes {CKPT} and the files beside it, at 2 and 3 ranks", points=3,
+       required=True)
 def one_writer(c):
     for nproc in (2, 3):
         run = _plain(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        writers = _writers(run)
-        c.expect(len(writers) == 1, f"{nproc} ranks",
-                 measured=f"{_ranks(writers)} wrote {CKPT}" if writers else f"no rank wrote {CKPT}",
-                 expected=f"one rank writes {CKPT}; the others hold the same state")
+        writers, beside = _writers(run), _beside(run)
+        ranks = sorted(set(writers) | set(beside))
+        if len(ranks) == 1:
+            measured = f"{_ranks(ranks)} wrote {CKPT}" if writers else \
+                f"{_ranks(ranks)} wrote {', '.join(beside[ranks[0]])}, never {CKPT}"
+        elif not ranks:
+            measured = f"no rank wrote {CKPT}"
+        else:
+            measured = "; ".join(
+                f"rank {rank} " + " and ".join(
+                    ([f"wrote {', '.join(beside[rank])}"] if rank in beside else [])
+                    + ([f"renamed a file onto {CKPT}"]
+                       if rank in writers and CKPT not in beside.get(rank, []) else []))
+                for rank in ranks)
+        c.expect(len(ranks) == 1 and bool(writers), f"{nproc} ranks", measured=measured,
+                 expected=f"one rank writes {CKPT} (through a temporary file beside it); the "
+                          "others hold the same state and write nothing there")
 
 
 @check(f"The writing rank killed halfway through writing {CKPT}: the run resumes and ends "

@@ -65,4 +65,19 @@ WRONG_FIXES = [
                              "    if os.path.exists(path):\n"
                              "        os.remove(path)  # rename refuses an existing file on Windows\n"
                              "    os.rename(partial, path)\n")]}),
+    WrongFix(
+        "every rank writes its own temporary file, only rank 0 renames it onto checkpoint.pt",
+        why="no two ranks share a file and rank 0's rename is atomic, so every kill is survived "
+            "and only rank 0 puts checkpoint.pt there; but every rank still writes the whole "
+            "checkpoint, the same bytes once per rank: the files probe sees every rank open a "
+            "file for writing beside checkpoint.pt",
+        edits={"train.py": [
+            ('    partial = path + ".partial"\n',
+             '    partial = f"{path}.{rank}.partial"  # no two ranks share it\n'),
+            ("    os.replace(partial, path)\n",
+             "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
+            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
+             "        write_checkpoint(",
+             "    if True:  # every rank writes, rank 0 renames\n"
+             "        write_checkpoint(")]}),
 ]

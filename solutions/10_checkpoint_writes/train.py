@@ -49,6 +49,10 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def write_checkpoint(state: dict, path: str, step: int) -> None:
     """Write state to path, one chunk at a time, reporting after each chunk.
 
+    Keep the chunks and the report() after each: a fault with "phase": "saving" kills
+    the writing rank inside that report, halfway through the file, and so do the
+    checks (a plain torch.save(state, path) is never killed, and fails them).
+
     The chunks go to a temporary file, which replaces path only once it is complete:
     os.replace is atomic, so path holds the previous checkpoint or the new one, whole,
     never part of one, whenever the writer is killed.
