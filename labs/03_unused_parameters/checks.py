@@ -15,7 +15,8 @@ AUX_HEAD = (["aux_head.weight", "aux_head.bias"], 32 + 1)  # names, values: the 
 
 
 def _run(c, nproc, batch=BATCH, args=()):
-    return c.run("train.py", nproc, args=["--batch-size", batch, *args], measure=["weights"])
+    return c.run("train.py", nproc, args=["--batch-size", batch, *args],
+                 measure=["weights", "forwards"])
 
 
 def _weights(run):
@@ -50,14 +51,18 @@ def same_weights(c):
 
 # Required: ranks that end identical can still have thrown data away (rank 0's weights
 # broadcast after each step) or summed the gradients instead of averaging them; only the
-# weights of one process training on every rank's batch at once tell them apart.
-@check("The weights equal one process training on the whole batch", points=2, required=True)
+# weights of one process training on every rank's batch at once tell them apart. And a
+# rank that gathers every rank's batch and trains on all of it matches that process
+# exactly, with no data parallelism: each forward pass must take the rank's own batch.
+@check("The weights equal one process training on the whole batch, each rank training on "
+       "its own --batch-size items", points=2, required=True)
 def equals_big_batch(c):
     run, reference = _run(c, 2), _run(c, 1, batch=2 * BATCH)
     if not (c.completed(run, "2 ranks, batch 4 each") and
             c.completed(reference, "1 rank, batch 8 (the reference)")):
         return
     _same_weights(c, run, reference, "2 ranks x batch 4 = 1 rank x batch 8")
+    _own_batches(c, run, 2)
 
 
 def _initial_aux_head() -> list[float]:
@@ -86,6 +91,25 @@ def the_auxiliary_head_rests(c):
     c.expect(moved <= 1e-7, "2 ranks, --aux-weight 0: aux_head as initialised",
              measured=f"aux_head moved by up to {moved:.2e} from its initial values",
              expected="no change: with --aux-weight 0 nothing trains the auxiliary head")
+
+
+def _own_batches(c, run, nproc: int) -> None:
+    """One part: every rank's forward passes through its DDP model (or the model it
+    wraps) take the rank's own BATCH items, one forward pass a step."""
+    steps = 48 // (nproc * BATCH)
+    forwards = {rank: record["per_step"] for rank, record in run.probe("forwards").items()}
+    good = sorted(forwards) == list(range(nproc)) and all(
+        per_step == [[BATCH]] * steps for per_step in forwards.values())
+    shown = {rank: per_step for rank, per_step in forwards.items()
+             if per_step != [[BATCH]] * steps} or forwards
+    c.expect(good, f"{nproc} ranks: each forward pass takes the rank's own {BATCH} items",
+             measured="; ".join(f"rank {rank}: {per_step[:3]}{' ...' if len(per_step) > 3 else ''}"
+                                for rank, per_step in sorted(shown.items())[:2])
+             + " (items in each forward pass through the model, per optimizer step)"
+             if forwards else "no forward pass through a DDP model",
+             expected=f"{[[BATCH]] * 3} ... on every rank, {steps} steps: one forward pass of "
+                      f"the rank's own --batch-size {BATCH} items a step; {nproc * BATCH} is "
+                      "every rank's batch, which DDP's averaged gradients stand for")
 
 
 def _same_weights(c, run, reference, label: str) -> None:

@@ -1,18 +1,21 @@
 """Checks only the grader runs (never in a learner's copy of the lab): the same fix,
 measured in cases the public checks do not show: the weights at 3 ranks against one
-process on the same 12 items a step; 4 ranks with the auxiliary loss on, where the
+process on the same 12 items a step (a required check: gradients summed and divided by
+a hard-coded 2 are right at 2 ranks only); 4 ranks with the auxiliary loss on, where the
 auxiliary head must still train (a required check: a fix that freezes the head for
 good loses only its points, and would pass the lab without it)."""
 
-from checks import AUX_HEAD, BATCH, _run, _same_weights, _weights
+from checks import AUX_HEAD, BATCH, _own_batches, _run, _same_weights, _weights
 
 from labutils.grading import check
 
 AUX_WEIGHT = 0.5
 
 
+# Required: the public required check runs 2 ranks, where dividing the summed gradients
+# by 2 is dividing by the world size.
 @check(f"At 3 ranks: the weights equal one process training on the whole batch (3 x {BATCH} items)",
-       points=2, visibility="after_published")
+       points=2, visibility="after_published", required=True)
 def equals_big_batch_at_3(c):
     nproc = 3
     run = _run(c, nproc)  # the public checks' run
@@ -22,6 +25,7 @@ def equals_big_batch_at_3(c):
     if not c.completed(reference, f"1 rank, batch {nproc * BATCH} (the reference)"):
         return
     _same_weights(c, run, reference, f"{nproc} ranks x batch {BATCH} = 1 rank x batch {nproc * BATCH}")
+    _own_batches(c, run, nproc)
 
 
 AUX_ARGS = ["--aux-weight", AUX_WEIGHT]

@@ -14,6 +14,13 @@ STARTER_STEP = ("    else:\n        loss = F.cross_entropy(model(x), y)\n"
                 "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n")
 BYPASS = ("    else:\n        loss = F.cross_entropy(model.module(x), y)  # DDP's forward would wait for aux_head\n"
           "    optimizer.zero_grad()\n    loss.backward()\n")
+# Every rank's batch gathered onto every rank, and the step taken on all of them.
+GATHERED_STEP = ("        loss = F.cross_entropy(model(x), y)\n",
+                 "        xs = [torch.empty_like(x) for _ in range(world_size)]\n"
+                 "        ys = [torch.empty_like(y) for _ in range(world_size)]\n"
+                 "        dist.all_gather(xs, x)  # every rank's batch, on every rank\n"
+                 "        dist.all_gather(ys, y)\n"
+                 "        loss = F.cross_entropy(model.module(torch.cat(xs)), torch.cat(ys))\n")
 WITH_DIST = ("import torch.nn.functional as F\n",
              "import torch.distributed as dist\nimport torch.nn.functional as F\n")
 
@@ -82,4 +89,31 @@ WRONG_FIXES = [
             "            if p.grad is not None:\n"
             "                dist.all_reduce(p.grad)\n"
             "    optimizer.step()\n")]}),
+    WrongFix(
+        "model.module to dodge DDP, gradients all-reduced by hand and halved, for 2 ranks",
+        why="right at 2 ranks, where halving is dividing by the world size (and at 1, where "
+            "the guard skips it); at 3 ranks each step is 3/2 of the mean: the weights differ "
+            "from one process training on the whole batch (the required check at 3 ranks)",
+        base="starter",
+        edits={"train.py": [WITH_DIST, (STARTER_STEP, BYPASS +
+            "    if not use_aux and world_size > 1:  # average the two ranks' gradients\n"
+            "        for p in model.parameters():\n"
+            "            if p.grad is not None:\n"
+            "                dist.all_reduce(p.grad)\n"
+            "                p.grad /= 2\n"
+            "    optimizer.step()\n")]}),
+    WrongFix(
+        "model.module to dodge DDP, every rank gathers the global batch and trains on all of it",
+        why="the ranks end identical and equal to one process on the whole batch, but each "
+            "rank does the whole step's work on every rank's items: no data parallelism "
+            "(each forward pass takes world_size x --batch-size items)",
+        base="starter",
+        edits={"train.py": [WITH_DIST, GATHERED_STEP]}),
+    WrongFix(
+        "the solution, with every rank gathering the global batch and feeding all of it to DDP",
+        why="DDP averages gradients that are already the whole batch's, the same on every rank: "
+            "the right weights, but each rank computes every rank's items (each forward pass "
+            "takes world_size x --batch-size items), so adding ranks saves nothing",
+        edits={"train.py": [WITH_DIST, (GATHERED_STEP[0], GATHERED_STEP[1].replace(
+            "model.module(torch.cat(xs))", "model(torch.cat(xs))"))]}),
 ]
