@@ -51,7 +51,8 @@ WRONG_FIXES = [
             "right weights, but the whole step's activations are in memory at once, which is "
             "what accumulating micro-batches was for",
         base="starter",
-        edits={"train.py": [(STARTER_LOOP, """    # the step's micro-batches as one batch: one backward, one all-reduce, the mean loss
+        edits={"train.py": [(STARTER_LOOP, """\
+    # the step's micro-batches as one batch: one backward, one all-reduce, the mean loss
     parts = [next(micro_batches) for _ in range(args.accum)]
     x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     loss = F.mse_loss(model(x.to(device)), y.to(device))
