@@ -13,12 +13,14 @@ from labutils.grading import check
 from labutils.grading.probe import POINT_TO_POINT
 
 SIZES = [1, 4, 7, 1000, 4099]  # 4 at 3 ranks: torch.chunk gives 2 chunks, not 3
+ITEMSIZE = {"float32": 4, "float64": 8}  # ring_test.py's --dtype: bytes per element
 
 
-def _run(c, nproc, sizes=SIZES):
+def _run(c, nproc, sizes=SIZES, dtype="float32"):
     """ring_test.py, the lab's own, on the learner's ring.py, with the traffic probe."""
     return c.run(c.lab_file("ring_test.py"), nproc, measure=["traffic"],
-                 args=["--sizes", ",".join(map(str, sizes)), "--ring", c.learner_file("ring.py")])
+                 args=["--sizes", ",".join(map(str, sizes)), "--ring", c.learner_file("ring.py"),
+                       "--dtype", dtype])
 
 
 def _rows(run):
@@ -26,7 +28,7 @@ def _rows(run):
     return list({(r["rank"], r["size"]): r for r in run.rows("size", "max_error")}.values())
 
 
-def _traffic(run, sizes) -> dict[int, dict[int, list]]:
+def _traffic(run, sizes, dtype="float32") -> dict[int, dict[int, list]]:
     """rank -> size -> the process-group operations ring_all_reduce made, [name, bytes,
     peer] (the peer of a send or a receive, else None).
 
@@ -38,7 +40,7 @@ def _traffic(run, sizes) -> dict[int, dict[int, list]]:
     for rank, record in run.probe("traffic").items():
         ops, starts, at = record["operations"], [], 0
         for size in sizes:
-            while at < len(ops) and ops[at][:2] != ["allreduce", 4 * size]:
+            while at < len(ops) and ops[at][:2] != ["allreduce", ITEMSIZE[dtype] * size]:
                 at += 1
             starts.append(at)
             at += 1
@@ -48,28 +50,49 @@ def _traffic(run, sizes) -> dict[int, dict[int, list]]:
 
 
 def _not_like_all_reduce(row: dict) -> str:
-    """What one rank's result of one size did unlike dist.all_reduce ("" if nothing)."""
-    returned = row.get("returned", "a new tensor")
+    """What one rank's result of one size did unlike dist.all_reduce, which leaves the sum
+    in the input tensor ("" if nothing; what it returned is another check's)."""
     if row["max_error"] <= 1e-4:
-        return "" if row["in_place"] else (f"the input holds the sum, but ring_all_reduce returned "
-                                           f"{returned}, not the input tensor")
-    if returned == "a new tensor holding the sum":
+        return ""
+    if row.get("returned") == "a new tensor holding the sum":
         return "returned the sum in a new tensor; the input was not summed in place"
     return f"max error {row['max_error']:.3g} in the input"
+
+
+def _sums_in_place(c, run, nproc: int, sizes, label: str) -> None:
+    """One part: every rank's input tensor of every size holds the sum of dist.all_reduce."""
+    rows = _rows(run)
+    wrong = [f"rank {row['rank']}, size {row['size']}: {why}" for row in rows
+             if (why := _not_like_all_reduce(row))]
+    c.expect(not wrong and len(rows) == nproc * len(sizes), label,
+             measured="; ".join(wrong[:4]) or f"{len(rows)} results, all equal to dist.all_reduce",
+             expected="the sum over all ranks, in the input tensor, within 1e-4")
 
 
 @check("ring_all_reduce sums in place like dist.all_reduce, at 2 and 3 ranks", points=5)
 def correct(c):
     for nproc in (2, 3):
         run = _run(c, nproc)
+        if c.completed(run, f"{nproc} ranks"):
+            _sums_in_place(c, run, nproc, SIZES, f"{nproc} ranks, sizes {SIZES}")
+
+
+# A small part of its own: a ring that sums in place and returns None, as dist.all_reduce
+# does, is right where it matters; ring.py's docstring asks for the tensor back.
+@check("ring_all_reduce returns the tensor it summed, as its docstring says", points=1)
+def returns_the_input(c):
+    for nproc in (2, 3):
+        run = _run(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        wrong = [f"rank {row['rank']}, size {row['size']}: {why}" for row in _rows(run)
-                 if (why := _not_like_all_reduce(row))]
-        tested = len(_rows(run))
-        c.expect(not wrong and tested == nproc * len(SIZES), f"{nproc} ranks, sizes {SIZES}",
-                 measured="; ".join(wrong[:4]) or f"{tested} results, all equal to dist.all_reduce",
-                 expected="the sum over all ranks, in the input tensor, within 1e-4")
+        rows = _rows(run)
+        other = sorted({row.get("returned", "?") for row in rows if not row["in_place"]})
+        c.expect(bool(rows) and not other, f"{nproc} ranks, sizes {SIZES}",
+                 measured=f"returned {', '.join(other)}, not the input tensor" if other
+                 else "the input tensor, every time",
+                 expected="the input tensor itself (`return tensor`), so that "
+                          "`total = ring_all_reduce(t)` works too; dist.all_reduce returns None, "
+                          "ring_all_reduce's docstring asks for the tensor")
 
 
 @check("Each rank sends 2(n-1)/n of the tensor (reduce-scatter, then all-gather)", points=5)
@@ -81,11 +104,11 @@ def bandwidth_optimal(c):
     _bytes_sent(c, _traffic(run, SIZES), nproc, size, f"{nproc} ranks, {size} elements")
 
 
-def _bytes_sent(c, traffic, nproc: int, size: int, label: str) -> None:
+def _bytes_sent(c, traffic, nproc: int, size: int, label: str, dtype="float32") -> None:
     """One part: each rank sent 2(n-1)/n of the tensor of ``size`` elements, counted at the
     process group: not more (the naive ring sends n-1), not less (the rest went through
     something else than sends: a library collective)."""
-    sent = {rank: sum(n for name, n, _ in ops[size] if name == "send") / (4 * size)
+    sent = {rank: sum(n for name, n, _ in ops[size] if name == "send") / (ITEMSIZE[dtype] * size)
             for rank, ops in traffic.items()}
     optimal = 2 * (nproc - 1) / nproc
     slack = 2 * (nproc - 1) / size  # uneven chunks: one element more or less per message

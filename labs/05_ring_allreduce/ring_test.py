@@ -1,9 +1,10 @@
 """Test ring.ring_all_reduce against dist.all_reduce and count what it sends.
 
     torchrun --nproc-per-node 3 ring_test.py --sizes 1,4,7,1000,4099
-    labutils launch -n 3 ring_test.py
+    labutils launch -n 3 ring_test.py -- --dtype float64
 
-It tests the ring.py of the current folder (or the one --ring names).
+It tests the ring.py of the current folder (or the one --ring names), on tensors of
+--dtype (float32 unless told).
 
 For each size, every rank reports report(size=..., max_error=..., in_place=..., returned=...,
 bytes_sent=..., collectives=[...]): the largest difference from dist.all_reduce,
@@ -25,6 +26,8 @@ from labutils.grading.probe import POINT_TO_POINT, count_traffic
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--sizes", default="1,4,7,1000,4099", help="tensor sizes, comma-separated")
 parser.add_argument("--ring", default="ring.py", help="the file that defines ring_all_reduce")
+parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                    help="the tensors' element type")
 args = parser.parse_args()
 
 rank, world_size, device = init()
@@ -38,7 +41,7 @@ traffic = count_traffic()
 
 for size in [int(s) for s in args.sizes.split(",")]:
     g = torch.Generator().manual_seed(100 * size + rank)
-    data = torch.randn(size, generator=g)
+    data = torch.randn(size, generator=g, dtype=getattr(torch, args.dtype))
     expected = data.clone()
     dist.all_reduce(expected)
     mine = data.clone()
@@ -57,4 +60,4 @@ for size in [int(s) for s in args.sizes.split(",")]:
     report(size=size, max_error=error, in_place=returned is mine, returned=what, bytes_sent=sent,
            collectives=collectives)
     print0(f"size {size}: max error {error:.2e}, rank 0 sent {sent} bytes "
-           f"({sent / (4 * size):.2f} x the tensor)")
+           f"({sent / (data.element_size() * size):.2f} x the tensor)")

@@ -112,4 +112,11 @@ WRONG_FIXES = [
         return tensor
     chunks = tensor.view(-1).chunk(world)  # views: writing a chunk writes the tensor
 ''')]}),
+    WrongFix(
+        "the buffer for the incoming chunk made with torch.zeros(n): float32 on the CPU",
+        why="right for every float32 CPU tensor, but the buffer is not like the tensor: a "
+            "float64 chunk does not fit it (and on a GPU, NCCL cannot receive into CPU memory); "
+            "torch.empty_like(recv) is",
+        edits={"ring.py": [("        incoming = torch.empty_like(recv)\n",
+                            "        incoming = torch.zeros(recv.numel())\n")]}),
 ]
