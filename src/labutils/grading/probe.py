@@ -177,48 +177,54 @@ def _install(measures: set[str], send: Callable[..., None]) -> dict:
         state["forwards"], state["forwards_taken"] = [], []
         state["passes"], state["passes_taken"] = [], []
     if measures & {"allreduce", "steps", "data", "forwards"}:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        state["steps"] = 0
-        state["graded"] = True
-
-        def before_step(optimizer, args, kwargs):
-            """Whether this step has a gradient to take: a step on none, or on zeros
-            only, trains nothing (one taken before loading a checkpoint so that the
-            optimizer has its momentum buffers to load into, say)."""
-            state["graded"] = any(p.grad is not None and bool(p.grad.any())
-                                  for group in optimizer.param_groups for p in group["params"])
-
-        def after_step(optimizer, args, kwargs):
-            if "data" in state:  # the batches taken since the last step trained this one
-                data = state["data"]
-                data["steps"].append(data["taken"])
-                data["taken"] = []
-            if "forwards" in state:  # the forward passes since the last step trained this one
-                state["forwards"].append(state["forwards_taken"])
-                state["passes"].append("".join(state["passes_taken"]))
-                state["forwards_taken"], state["passes_taken"] = [], []
-            calls = sum(len(r.calls) for r in state["recorders"])
-            state["per_step"].append(calls - state["counted"])
-            state["counted"] = calls
-            if "steps" not in measures or not state["graded"] or all(
-                    float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups):
-                return  # lr 0 trains nothing: dcp's get/set_state_dict steps so to make state
-            state["steps"] += 1
-            send(probe="steps", restart=restart, taken=state["steps"])  # now: a kill may come
-
-        if "steps" in measures:
-            register_optimizer_step_pre_hook(before_step)
-        register_optimizer_step_post_hook(after_step)
+        _watch_steps(measures, state, send)
     if "traffic" in measures:
         state["traffic"] = count_traffic()
     if "files" in measures:
         state["files"] = _watch_files()
     return state
+
+
+def _watch_steps(measures: set[str], state: dict, send: Callable[..., None]) -> None:
+    """Hooks around every optimizer step: what each step trained on (data, forwards,
+    all-reduces), and the steps that trained (a "steps" record as each is taken)."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    state["steps"] = 0
+    state["graded"] = True
+
+    def before_step(optimizer, args, kwargs):
+        """Whether this step has a gradient to take: a step on none, or on zeros
+        only, trains nothing (one taken before loading a checkpoint so that the
+        optimizer has its momentum buffers to load into, say)."""
+        state["graded"] = any(p.grad is not None and bool(p.grad.any())
+                              for group in optimizer.param_groups for p in group["params"])
+
+    def after_step(optimizer, args, kwargs):
+        if "data" in state:  # the batches taken since the last step trained this one
+            data = state["data"]
+            data["steps"].append(data["taken"])
+            data["taken"] = []
+        if "forwards" in state:  # the forward passes since the last step trained this one
+            state["forwards"].append(state["forwards_taken"])
+            state["passes"].append("".join(state["passes_taken"]))
+            state["forwards_taken"], state["passes_taken"] = [], []
+        calls = sum(len(r.calls) for r in state["recorders"])
+        state["per_step"].append(calls - state["counted"])
+        state["counted"] = calls
+        if "steps" not in measures or not state["graded"] or all(
+                float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups):
+            return  # lr 0 trains nothing: dcp's get/set_state_dict steps so to make state
+        state["steps"] += 1
+        send(probe="steps", restart=restart, taken=state["steps"])  # now: a kill may come
+
+    if "steps" in measures:
+        register_optimizer_step_pre_hook(before_step)
+    register_optimizer_step_post_hook(after_step)
 
 
 def _watch_batches() -> dict:
