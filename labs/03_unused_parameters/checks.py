@@ -96,20 +96,8 @@ def the_auxiliary_head_rests(c):
 def _own_batches(c, run, nproc: int) -> None:
     """One part: every rank's forward passes through its DDP model (or the model it
     wraps) take the rank's own BATCH items, one forward pass a step."""
-    steps = 48 // (nproc * BATCH)
-    forwards = {rank: record["per_step"] for rank, record in run.probe("forwards").items()}
-    good = sorted(forwards) == list(range(nproc)) and all(
-        per_step == [[BATCH]] * steps for per_step in forwards.values())
-    shown = {rank: per_step for rank, per_step in forwards.items()
-             if per_step != [[BATCH]] * steps} or forwards
-    c.expect(good, f"{nproc} ranks: each forward pass takes the rank's own {BATCH} items",
-             measured="; ".join(f"rank {rank}: {per_step[:3]}{' ...' if len(per_step) > 3 else ''}"
-                                for rank, per_step in sorted(shown.items())[:2])
-             + " (items in each forward pass through the model, per optimizer step)"
-             if forwards else "no forward pass through a DDP model",
-             expected=f"{[[BATCH]] * 3} ... on every rank, {steps} steps: one forward pass of "
-                      f"the rank's own --batch-size {BATCH} items a step; {nproc * BATCH} is "
-                      "every rank's batch, which DDP's averaged gradients stand for")
+    c.one_forward_per_step(run, nproc, BATCH, 48 // (nproc * BATCH),
+                           f"{nproc} ranks: each forward pass takes the rank's own {BATCH} items")
 
 
 def _same_weights(c, run, reference, label: str) -> None:

@@ -144,19 +144,8 @@ def own_shard(c):
         run = _run(c, nproc)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        forwards = {rank: record["per_step"] for rank, record in run.probe("forwards").items()}
-        good = sorted(forwards) == list(range(nproc)) and all(
-            per_step == [[size]] * steps for per_step in forwards.values())
-        shown = {rank: per_step for rank, per_step in forwards.items()
-                 if per_step != [[size]] * steps} or forwards
-        c.expect(good, f"{nproc} ranks, --batch-size {size}",
-                 measured="; ".join(f"rank {rank}: {per_step[:3]}{' ...' if len(per_step) > 3 else ''}"
-                                    for rank, per_step in sorted(shown.items())[:2])
-                 + " (items in each forward pass through DDP, per optimizer step)"
-                 if forwards else "no forward pass through a DDP model",
-                 expected=f"{[[size]] * 3} ... on every rank, {steps} steps: one forward of the "
-                          f"rank's own {size} items (shard_batch) a step; {nproc * size} is every "
-                          "rank's batch")
+        c.one_forward_per_step(run, nproc, size, steps, f"{nproc} ranks, --batch-size {size}",
+                               source=" (shard_batch)")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,31 @@ def test_each_step_once_tells_a_resume_from_a_new_start(attempts, passes, tmp_pa
     assert [p.passed for p in checker.parts] == ([] if passes else [False])
 
 
+
+@pytest.mark.parametrize(
+    ("per_rank", "passes"),
+    [
+        ({0: [[4]] * 3, 1: [[4]] * 3}, True),          # each rank its own 4 items a step
+        ({0: [[8]] * 3, 1: [[8]] * 3}, False),         # the global batch on every rank
+        ({0: [[2, 2]] * 3, 1: [[2, 2]] * 3}, False),   # two passes a step
+        ({0: [[4]] * 3}, False),                       # a rank without DDP
+        ({0: [[4]] * 2, 1: [[4]] * 2}, False),         # a step short
+        ({}, False),                                   # no forward pass seen
+    ],
+)
+def test_one_forward_per_step_of_the_rank_own_items(per_rank, passes, tmp_path):
+    records = [{"rank": rank, "probe": "forwards", "per_step": steps, "after_last_step": []}
+               for rank, steps in per_rank.items()]
+    result = RunResult(ok=True, world_size=2, duration_s=1.0, log_dir=tmp_path,
+                       ranks=[RankResult(rank=0), RankResult(rank=1)], reason="ok",
+                       attempts=[{}], records=records)
+    run = Run(label="train.py on 2 ranks", result=result, learner_dir=tmp_path)
+    checker = Checker(tmp_path, tmp_path, tmp_path)
+    assert checker.one_forward_per_step(run, 2, 4, 3, "2 ranks") is passes
+    assert [p.passed for p in checker.parts] == [passes]
+    if not passes:
+        assert "8 is every rank's batch" in checker.parts[0].expected
+
 SCRIPT = textwrap.dedent('''
     import torch
     import torch.distributed as dist

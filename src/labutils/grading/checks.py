@@ -457,6 +457,29 @@ class Checker:
                                     "step(s) in flight at a kill" if retrained else ""))
 
 
+    def one_forward_per_step(self, run: Run, nproc: int, size: int, steps: int, label: str,
+                             source: str = "") -> bool:
+        """One part: on every one of the nproc ranks, one forward pass of the rank's own
+        ``size`` items per optimizer step, ``steps`` steps (probe "forwards", on the model
+        DDP wraps). Every rank training on the whole global batch (every shard read, or
+        gathered) matches a one-process reference too, with nproc x size items a pass.
+        source: where the rank's items come from, for the message (" (shard_batch)")."""
+        forwards = {rank: record["per_step"] for rank, record in run.probe("forwards").items()}
+        want = [[size]] * steps
+        good = sorted(forwards) == list(range(nproc)) and all(
+            per_step == want for per_step in forwards.values())
+        shown = {rank: per_step for rank, per_step in forwards.items() if per_step != want} \
+            or forwards
+        return self.expect(
+            good, label,
+            measured="; ".join(f"rank {rank}: {per_step[:3]}{' ...' if len(per_step) > 3 else ''}"
+                               for rank, per_step in sorted(shown.items())[:2])
+            + " (items in each forward pass through the model, per optimizer step)"
+            if forwards else "no forward pass through a DDP model",
+            expected=f"{[[size]] * 3} ... on every rank, {steps} steps: one forward pass of the "
+                     f"rank's own --batch-size {size} items{source} a step; {nproc * size} is "
+                     "every rank's batch, which DDP's averaged gradients stand for")
+
 def run_check(fn: Callable, checker: Checker) -> CheckResult:
     """Run one check function; a crash in it scores 0 with the reason."""
     spec: CheckSpec = fn.__labutils_check__  # type: ignore[attr-defined]  # set by @check
