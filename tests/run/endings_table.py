@@ -36,6 +36,7 @@ ENDINGS = {
     "timeout_mismatch": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "timeout_one_side": ("mismatch", "RuntimeError", 1, True, "Timed out waiting"),
     "stuck": ("hang", None, None, True, None),
+    "stuck_timeout": ("straggler", "SIGTERM", -15, True, "ran outside any collective"),
 }
 # What torch itself words differently from run to run, for the same ending: a DataLoader
 # whose worker was killed raises "DataLoader worker (pid N) is killed by signal: Killed."
@@ -46,8 +47,9 @@ VARIES = {"dataloader_worker_killed": {"exc_type": {"RuntimeError", "ConnectionR
                                                     "EOFError"}}}
 # endings whose line is another ending's: breakpoint_peer's failing rank raises as
 # "exception" does, while its peers wait at breakpoint(); sigterm's is sigkill's line
-# with another signal (the summary names it: the rank dumps its stacks on SIGTERM)
-LINE_OF = {"breakpoint_peer": "exception", "sigterm": "sigkill"}
+# with another signal (the summary names it: the rank dumps its stacks on SIGTERM);
+# stuck_timeout's is stuck's, its peers' process-group timeout running out first
+LINE_OF = {"breakpoint_peer": "exception", "sigterm": "sigkill", "stuck_timeout": "stuck"}
 
 
 def tagged_line(how: str) -> int:

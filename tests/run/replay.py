@@ -80,7 +80,7 @@ def record(how: str, start: str, nproc: int, failing: int, out: Path) -> None:
     # worker killed after it sent a batch leaves its multiprocessing folder (pymp-*)
     with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
         result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
-                        hang_timeout=4, timeout=90, log_dir=out.parent / ".tmp",
+                        hang_timeout=4 if how == "stuck" else 30, timeout=90, log_dir=out.parent / ".tmp",
                         warm=start == "warm", env={"TMPDIR": tmp})
     shutil.rmtree(out, ignore_errors=True)
     for pattern in FILES:

@@ -292,7 +292,54 @@ def test_a_rank_that_waited_elsewhere_and_ended_before_its_own_timeout_is_one_of
     assert failure.kind == "exception" and failure.rank == 1 and failure.victims == [0]
 
 
+
+def test_peers_that_timed_out_waiting_for_a_rank_outside_any_collective_name_it():
+    """Rank 1 loops (or computes) outside any collective while the others wait in one
+    barrier until the process group's timeout: rank 1 is the root cause, as the hang
+    report names it the straggler when the hang timeout comes first. It was called a
+    victim of rank 0's timeout (2 ranks), or the timeouts a mismatch of calls (4)."""
+    def waited(t, message=GLOO_TIMEOUT):
+        return dict(_exc(t, "RuntimeError", message, 11), traceback=_in_collective("barrier"),
+                    source="dist.barrier()")
+    loop = {"collective": "", "where": "train.py:7", "source": "n += 1", "file": "train.py",
+            "line": 7}
+    failure = find_failure({0: waited(18.0)}, {0: 1, 1: -15}, [0, 1], stopped_in={1: loop})
+    assert (failure.rank, failure.kind, failure.exc_type, failure.exit_code) == \
+        (1, "straggler", "SIGTERM", -15)
+    assert (failure.where, failure.source, failure.victims, failure.also_failed) == \
+        ("train.py:7", "n += 1", [0], [])
+    assert failure.message.startswith("barrier() at train.py:11, until the process group's "
+                                      "timeout ran out; rank 1 ran outside any collective")
+    from labutils.run.result import RunResult
+    text = RunResult(ok=False, world_size=2, duration_s=9.0, log_dir="runs/x", ranks=[],
+                     failure=failure, reason="failed").summary()
+    assert text.splitlines()[1:] == [
+        "root cause: rank 1 never reached the collective its peers waited in: " + failure.message,
+        "  at train.py:7    n += 1", "  rank 0 waited for it in vain"]
+    # 4 ranks: two time out, one loses its peer first, one is stopped waiting there too
+    at_barrier = {"collective": "barrier", "where": "train.py:11", "source": "dist.barrier()"}
+    failure = find_failure({0: waited(18.0), 2: waited(18.1), 3: waited(18.2, GLOO_PEER_GONE)},
+                           {0: 1, 1: -15, 2: 1, 3: 1, 4: -15}, [0, 1, 2, 3, 4],
+                           stopped_in={1: loop, 4: at_barrier})
+    assert (failure.rank, failure.kind, failure.victims) == (1, "straggler", [0, 2, 3, 4])
+    assert failure.mismatch == {}
+    # two ranks outside: the first is the root cause, the other failed on its own too
+    failure = find_failure({0: waited(18.0)}, {0: 1, 1: -15, 2: -15}, [0, 1, 2],
+                           stopped_in={1: loop, 2: dict(loop, where="train.py:9")})
+    assert (failure.rank, failure.victims, failure.also_failed) == (1, [0], [2])
+    assert "ranks 1, 2 ran outside any collective" in failure.message
+    # the waiting ranks' calls differ too: still a mismatch of calls
+    other = dict(waited(18.1), line=10, traceback=_in_collective("all_reduce"))
+    failure = find_failure({0: waited(18.0), 2: other}, {0: 1, 1: -15, 2: 1}, [0, 1, 2],
+                           stopped_in={1: loop})
+    assert failure.kind == "mismatch" and sorted(failure.mismatch) == [0, 2]
+    # an error of a rank's own comes first, wherever the others were
+    failure = find_failure({0: _exc(17.0)}, {0: 1, 1: -15}, [0, 1], stopped_in={1: loop})
+    assert (failure.rank, failure.kind, failure.victims) == (0, "exception", [1])
+
+
 @pytest.mark.parametrize(("kind", "exc_type", "said"), [
+    ("straggler", "SIGTERM", "rank 1 never reached the collective its peers waited in"),
     ("exception", "ValueError", "rank 1 raised ValueError"),
     ("exit", "SystemExit", "rank 1 raised SystemExit"),
     ("exit", "exit", "rank 1 exited"),

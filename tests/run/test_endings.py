@@ -25,7 +25,8 @@ from labutils.run import warm as warm_start
 
 # (world size, failing rank) beyond (2, last) in the default suite: where the failing
 # rank hosts the rendezvous store (rank 0) and peers are several.
-FIRST_OF_FOUR = ("sys_exit", "os_exit", "sigkill", "segfault", "return_early", "init_error")
+FIRST_OF_FOUR = ("sys_exit", "os_exit", "sigkill", "segfault", "return_early", "init_error",
+                 "stuck_timeout")
 # gloo decides which rank of a size mismatch aborts: with 2 ranks, the one that gets
 # more bytes than it expects (the failing rank, which passes fewer); with 4 it depends
 # on the ring, so that ending runs with 2 ranks only.
@@ -85,10 +86,12 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
 # before it wrote how rank 0 ended), each of the 2 ranks on a SLURM node of its own (a
 # labutils node launcher each, cold, following one shared run folder), the failing rank
 # last; and a rank that fails while its peer waits at a breakpoint (every node's
-# launcher read the end of srun's input as its terminal's, one quit the peer's debugger).
+# launcher read the end of srun's input as its terminal's, one quit the peer's debugger);
+# and a rank outside any collective until its peer's barrier timed out (its line read
+# from the stacks it dumped as its node stopped it).
 # All the endings pass there (checked once, 2026-11-28).
 SLURM_ENDINGS = ("sys_exit", "os_exit", "abort", "segfault", "sigkill", "thread_error", "sigterm",
-                 "init_error", "breakpoint_peer")
+                 "init_error", "breakpoint_peer", "stuck_timeout")
 
 
 @pytest.mark.slow

@@ -51,9 +51,9 @@ def fail_in_a_thread():
 
 if how == "init_error" and rank == failing:
     dist.init_process_group("no-such-backend")  # ending: init_error
-# timeout_one_side: only the failing rank's timeout is short; the others, in a barrier,
-# lose their peer (or torchrun stops them) before their own would fire.
-seconds = 3 if how == "timeout_mismatch" or (how == "timeout_one_side" and rank == failing) else 60
+# timeout_one_side: only the failing rank's timeout is short (its peers lose it first);
+# stuck_timeout: the failing rank loops as in stuck until its peers' barrier times out.
+seconds = 3 if how in ("timeout_mismatch", "stuck_timeout") or (how == "timeout_one_side" and rank == failing) else 60
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
 x = torch.ones(4)
 dist.all_reduce(x)
@@ -88,7 +88,7 @@ if rank == failing:
         list(torch.utils.data.DataLoader(KilledWorkerData(), num_workers=1))  # ending: dataloader_worker_killed
     if how == "dataloader_worker_error":  # the worker raises; the rank re-raises it
         list(torch.utils.data.DataLoader(FailingWorkerData(), num_workers=1))
-    if how == "stuck":
+    if how in ("stuck", "stuck_timeout"):
         while True:
             time.sleep(0.2)  # ending: stuck
     if how == "timeout_mismatch":

@@ -91,7 +91,8 @@ class Failure:
     # How the root-cause rank ended: "exception" (it raised), "exit" (a non-zero exit
     # code, no exception), "signal" (killed or crashed), "early_exit" (its script ended
     # while its peers waited in a collective for it), "mismatch" (collectives timed out
-    # on every rank), "torchrun" (the agent failed before any rank ran).
+    # on every rank), "straggler" (its peers timed out in a collective while it ran
+    # outside any), "torchrun" (the agent failed before any rank ran).
     kind: str = "exception"
 
     def __iter__(self):
@@ -113,6 +114,8 @@ class Failure:
             return f"rank {self.rank} exited"
         if self.kind == "early_exit":
             return f"rank {self.rank} ended early"
+        if self.kind == "straggler":
+            return f"rank {self.rank} never reached the collective its peers waited in"
         return f"rank {self.rank} raised {self.exc_type}"
 
     def to_json(self) -> dict:
@@ -176,6 +179,66 @@ def _ended_early(exit_codes: dict[int, int | None], ended_at: dict[int, float],
     return early[0][1] if early else None
 
 
+def _wait_of(ev: dict) -> dict:
+    """Where a rank's exception left it waiting: {"collective", "where", "source"}."""
+    return {"collective": collective_in(ev.get("traceback", "")),
+            "where": f"{where_text(ev.get('file'))}:{ev.get('line')}",
+            "source": ev.get("source", "")}
+
+
+def _waits(timed_out: dict[int, dict], exceptions: dict[int, dict],
+           stopped_in: dict[int, dict]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Where the ranks that timed out waited, and where the others that waited in a
+    collective too were: each rank -> {"collective", "where", "source"}.
+
+    The others ended before their own timeout fired: they lost their peer (the rank
+    that timed out exited) or torchrun stopped them (SIGTERM). Which of the two happens
+    first is a matter of milliseconds, so such a rank counts as one of a mismatch when
+    it waited elsewhere."""
+    waits = {r: _wait_of(ev) for r, ev in timed_out.items()}
+    others = {r: _wait_of(ev) for r, ev in exceptions.items()
+              if r not in timed_out and looks_like_victim(ev.get("message", ""))
+              and collective_in(ev.get("traceback", ""))}
+    others.update({r: {k: where[k] for k in ("collective", "where", "source")}
+                   for r, where in stopped_in.items()
+                   if r not in exceptions and where["collective"]})
+    return waits, others
+
+
+def _straggler(primary: list[tuple[int, dict]], exceptions: dict[int, dict],
+               failed_ranks: list[int], exit_codes: dict[int, int | None],
+               stopped_in: dict[int, dict]) -> Failure | None:
+    """The rank its peers' collective timed out waiting for, or None.
+
+    Every rank that failed on its own timed out in one collective at one line (the
+    others that waited, waited there too), and torchrun then stopped a rank that was in
+    no collective: it never came (a loop that does not end, or work that outlasts the
+    process group's timeout). The hang report names the same rank the straggler when
+    the hang timeout runs out first."""
+    outside = sorted(r for r, where in stopped_in.items()
+                     if r not in exceptions and not where["collective"])
+    timed_out = {r: ev for r, ev in primary}
+    if not outside or not all(is_collective_timeout(ev.get("message", ""))
+                              for ev in timed_out.values()):
+        return None
+    waits, others = _waits(timed_out, exceptions, stopped_in)
+    places = {(w["collective"], w["where"]) for w in [*waits.values(), *others.values()]}
+    if len(places) != 1:
+        return None  # the waiting ranks' calls differ too: a mismatch
+    collective, where = places.pop()
+    rank, at = outside[0], stopped_in[outside[0]]
+    call = f"{collective}() at {where}" if collective else where
+    return Failure(
+        rank=rank, exc_type=signal_name(exit_codes.get(rank)) or "SIGTERM",
+        message=(f"{call}, until the process group's timeout ran out; "
+                 f"{rank_list(outside)} ran outside any collective (a loop that does not "
+                 "end, or work on one rank that outlasts the timeout)"),
+        file=at.get("file"), line=at.get("line"), source=at.get("source", ""),
+        traceback="", exit_code=exit_codes.get(rank), kind="straggler",
+        victims=sorted((set(failed_ranks) | set(exceptions)) - set(outside)),
+        also_failed=outside[1:])
+
+
 def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list[int],
                   primary: list[tuple[int, dict]], stopped_in: dict[int, dict]) -> None:
     """Sort the other ranks that ended badly: victims of the root cause, ranks with an
@@ -195,20 +258,7 @@ def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list
     if not timed_out or not all(r in timed_out for r, _ in primary):
         return
 
-    def wait_of(ev: dict) -> dict:
-        return {"collective": collective_in(ev.get("traceback", "")),
-                "where": f"{where_text(ev.get('file'))}:{ev.get('line')}",
-                "source": ev.get("source", "")}
-
-    waits = {r: wait_of(ev) for r, ev in timed_out.items()}
-    # A rank that waited in a collective too, and ended before its own timeout fired:
-    # it lost its peer (the rank that timed out exited) or torchrun stopped it (SIGTERM).
-    # Which of the two happens first is a matter of milliseconds, so such a rank counts
-    # as one of the mismatch when it waited elsewhere.
-    others = {r: wait_of(ev) for r, ev in exceptions.items()
-              if r not in timed_out and looks_like_victim(ev.get("message", ""))
-              and collective_in(ev.get("traceback", ""))}
-    others.update({r: where for r, where in stopped_in.items() if r not in exceptions})
+    waits, others = _waits(timed_out, exceptions, stopped_in)
     places = {(w["collective"], w["where"]) for w in [*waits.values(), *others.values()]}
     if len(timed_out) >= 2 or (root.rank in timed_out and others and len(places) >= 2):
         # Each rank waited for peers that were in another call: blaming the first to give
@@ -235,8 +285,10 @@ def find_failure(
 
     In order: the earliest rank that failed on its own, by an exception of its own or by
     ending with a non-zero exit code or a signal (other than the SIGTERM torchrun ends a
-    failed rank's peers with) and no exception; else ranks that timed out in a
-    collective (a mismatch when there are several); else a rank whose script ended
+    failed rank's peers with) and no exception; else, when every rank that failed on
+    its own timed out in one collective, a rank torchrun stopped outside any collective
+    (the straggler they waited for); else ranks that timed out in a collective (a
+    mismatch when there are several); else a rank whose script ended
     (exit code 0) before its peers failed in a collective, waiting for it; else the
     earliest exception, even one that looks like a lost peer.
 
@@ -251,8 +303,8 @@ def find_failure(
             agent reaped it); ranks not in it count as ending last.
         exit_events: rank -> its exit event (code, t; file, line and source of a
             sys.exit() with a non-zero code), for ranks whose script ended itself.
-        stopped_in: rank -> the collective it was waiting in when SIGTERM ended it
-            ({"collective", "where", "source"}), for ranks torchrun stopped.
+        stopped_in: rank -> where it was when SIGTERM ended it ({"collective" (""
+            outside any), "where", "source", "file", "line"}), for ranks torchrun stopped.
         terminated: ranks SIGTERM ended although neither torchrun nor the launcher
             sent it: they ended on their own, as a rank SIGKILL ended.
     """
@@ -283,6 +335,9 @@ def find_failure(
                             exit_event=exit_events.get(first[0][2]),
                             elsewhere=first[0][2] in terminated)
     elif primary:  # every rank that failed on its own timed out in a collective
+        straggler = _straggler(primary, exceptions, failed_ranks, exit_codes, stopped_in or {})
+        if straggler is not None:
+            return straggler
         rank, ev = primary[0]
         root = _raised(rank, ev, exit_codes.get(rank))
     elif early is not None:

@@ -247,10 +247,10 @@ def stacks_size(run_dir: Path, rank: int) -> int:
 
 
 def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
-    """Where a rank that SIGTERM ended was waiting, from the stacks it dumped then
-    (runfiles.ended_stacks_path): {"collective", "where", "source"}, or None when it
-    dumped none or was not inside a torch.distributed call (backward counts: DDP's
-    gradient all-reduce)."""
+    """Where a rank that SIGTERM ended was, from the stacks it dumped then
+    (runfiles.ended_stacks_path): {"collective", "where", "source"}, the collective ""
+    when it was not inside a torch.distributed call (backward counts: DDP's gradient
+    all-reduce); None when it dumped none."""
     path = runfiles.ended_stacks_path(state.run_dir, rank_state.rank)
     try:
         text = path.read_text(errors="replace")
@@ -258,11 +258,12 @@ def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
         return None
     frames = parse_faulthandler(text, rank_state.main_tid)
     at = user_frame(frames, str(state.spec.script))
-    collective = collective_of(frames, at)
-    if at is None or not collective:
+    if at is None:
         return None
+    collective = collective_of(frames, at)
     return {"collective": collective, "where": f"{where_text(at.file)}:{at.line}",
-            "source": linecache.getline(at.file, at.line).strip()}
+            "source": linecache.getline(at.file, at.line).strip(), "file": at.file,
+            "line": at.line}
 
 
 # Endings in which the launcher stops the ranks that still run (SIGTERM)

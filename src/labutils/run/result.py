@@ -198,8 +198,9 @@ class RunResult:
                              "their own too (see their stderr)")
             if f.victims:
                 who = "rank" if len(f.victims) == 1 else "ranks"
-                lines.append(f"  {who} {', '.join(map(str, f.victims))} stopped because rank "
-                             f"{f.rank} failed")
+                why = "waited for it in vain" if f.kind == "straggler" else \
+                    f"stopped because rank {f.rank} failed"
+                lines.append(f"  {who} {', '.join(map(str, f.victims))} {why}")
             if f.traceback and traceback_shown and traceback_like not in (None, f.rank):
                 lines.append(f"traceback of rank {f.rank}: like rank {traceback_like}'s, shown above")
             elif f.traceback and traceback_shown:
