@@ -168,6 +168,8 @@ def test_straggler_is_the_rank_outside_the_collective(tmp_path):
 
 @pytest.mark.parametrize(("lines", "exited", "stragglers", "phrase"), [
     ({0: 5, 1: 5, 2: 5}, {}, [], "every rank waits at"),
+    # world_size=4 given by hand to 3 ranks: they wait for a fourth that never starts
+    ({0: 5, 1: 5, 2: 5}, {}, [], "returns once world_size ranks have joined, and 3 are running"),
     ({0: 5}, {}, [], "rank 0 waits at"),  # a cell on one rank of a world
     ({0: 5, 1: 7, 2: 5}, {}, [1], "somewhere else"),
     ({0: 5, 1: 7}, {}, [], "do not match"),
@@ -176,9 +178,10 @@ def test_straggler_is_the_rank_outside_the_collective(tmp_path):
 ])
 def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, stragglers, phrase):
     c10d = "/x/site-packages/torch/distributed/distributed_c10d.py"
+    call = "init_process_group" if "world_size" in phrase else "barrier"
     dumps = {
         r: ('Thread 0x0000000000000001 (most recent call first):\n'
-            f'  File "{c10d}", line 1 in barrier\n'
+            f'  File "{c10d}", line 1 in {call}\n'
             f'  File "{tmp_path}/train.py", line {ln} in <module>\n')
         for r, ln in lines.items()
     }

@@ -188,6 +188,10 @@ def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict,
         )
     if len(counts) == 1:  # one rank alone (a cell on one rank of a world) is no "every rank"
         who = "every rank waits" if len(ranks) > 1 else f"{rank_list(ranks)} waits"
+        if len(ranks) > 1 and all(calls.get(r) == "init_process_group" for r in ranks):
+            return [], (f"{who} at {waiting[ranks[0]]} in init_process_group(), which returns once "
+                        f"world_size ranks have joined, and {len(ranks)} are running: a world_size "
+                        "or rank given by hand that differs from torchrun's?")
         return [], f"{who} at {waiting[ranks[0]]}"
     top = counts.most_common()
     if top[0][1] > top[1][1]:
