@@ -263,15 +263,19 @@ def test_a_real_run_shows_one_traceback_and_keeps_every_one_on_disk(runs_dir):
         assert f"[rank {r.rank}] rank {r.rank} carried on" in out.getvalue()
 
 
-@pytest.mark.parametrize("others, said", [
-    ([2], "  rank 2 raised an error of its own too (see its stderr)"),
-    ([1, 3], "  ranks 1, 3 raised errors of their own too (see their stderr)"),
+@pytest.mark.parametrize("others, same, said", [
+    ([2], [], ["  rank 2 raised an error of its own too (see its stderr)"]),
+    ([1, 3], [], ["  ranks 1, 3 raised errors of their own too (see their stderr)"]),
+    ([1, 2, 3], [1, 2, 3], ["  ranks 1, 2, 3 raised RuntimeError at the same line too"]),
+    ([1, 3], [3], ["  rank 3 raised RuntimeError at the same line too",
+                   "  rank 1 raised an error of its own too (see its stderr)"]),
 ])
-def test_the_summary_names_the_ranks_that_failed_on_their_own(others, said):
+def test_the_summary_names_the_ranks_that_failed_on_their_own(others, same, said):
     result = failed_run(0, "the batch is empty", "")
-    assert result.failure is not None
-    result.failure.also_failed = others
-    assert said in result.summary().splitlines()
+    assert result.failure is not None and result.failure.exc_type == "RuntimeError"
+    result.failure.also_failed, result.failure.same_error = others, same
+    lines = result.summary().splitlines()
+    assert lines[lines.index(said[0]):lines.index(said[0]) + len(said)] == said
 
 
 def test_the_profilers_start_and_stop_markers_are_not_shown():

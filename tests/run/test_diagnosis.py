@@ -199,6 +199,11 @@ def test_ranks_failing_with_their_own_error_are_not_victims():
                   2: _exc(3.2, "RuntimeError", GLOO_PEER_GONE, 20)}
     failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
     assert failure.rank == 0 and failure.also_failed == [1] and failure.victims == [2]
+    assert failure.same_error == [1]  # the same type at the same line: every rank's bug
+    exceptions[1] = _exc(3.1, "RuntimeError", same, 21)
+    failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
+    assert failure.also_failed == [1] and failure.same_error == []
+    assert "same_error" not in failure.to_json()  # the JSON summary's fields are unchanged
 
 
 def test_a_rank_blocked_in_ddp_backward_waits_in_a_collective(tmp_path):

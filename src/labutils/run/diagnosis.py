@@ -85,6 +85,9 @@ class Failure:
     victims: list[int] = field(default_factory=list)
     exit_code: int | None = None
     also_failed: list[int] = field(default_factory=list)  # ranks that raised their own error
+    # those of also_failed that raised the root cause's exception type at its line (every
+    # rank runs the same bug); the summary says so, the JSON summary keeps also_failed
+    same_error: list[int] = field(default_factory=list)
     # Every rank that raised timed out in a collective: no rank is the root cause, the
     # calls did not match. rank -> {"collective", "where" (file:line), "source"}.
     mismatch: dict[int, dict] = field(default_factory=dict)
@@ -254,6 +257,9 @@ def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list
         if r != root.rank and not looks_like_victim(ev.get("message", ""))
     )
     root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
+    root.same_error = [r for r in root.also_failed if root.kind == "exception" and root.file
+                       and (exceptions[r].get("exc_type"), exceptions[r].get("file"),
+                            exceptions[r].get("line")) == (root.exc_type, root.file, root.line)]
     timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
     if not timed_out or not all(r in timed_out for r, _ in primary):
         return

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import cast
 
 from labutils.run.diagnosis import Failure, signal_name
-from labutils.run.hang import Hang
+from labutils.run.hang import Hang, rank_list
 from labutils.run.states import RankStatus
 from labutils.runtime import runfiles
 
@@ -190,12 +190,15 @@ class RunResult:
             lines.append(f"root cause: {f.ended_how()}" + (f": {message}" if message else ""))
             if f.kind != "torchrun":  # the agent failed: no rank, no line of the script
                 lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
-            if len(f.also_failed) == 1:
-                lines.append(f"  rank {f.also_failed[0]} raised an error of its own too (see its "
-                             "stderr)")
-            elif f.also_failed:
-                lines.append(f"  ranks {', '.join(map(str, f.also_failed))} raised errors of "
-                             "their own too (see their stderr)")
+            same = [r for r in f.also_failed if r in f.same_error]
+            own = [r for r in f.also_failed if r not in f.same_error]
+            if same:
+                lines.append(f"  {rank_list(same)} raised {f.exc_type} at the same line too")
+            if len(own) == 1:
+                lines.append(f"  rank {own[0]} raised an error of its own too (see its stderr)")
+            elif own:
+                lines.append(f"  ranks {', '.join(map(str, own))} raised errors of their own too "
+                             "(see their stderr)")
             if f.victims:
                 who = "rank" if len(f.victims) == 1 else "ranks"
                 why = "waited for it in vain" if f.kind == "straggler" else \
