@@ -200,6 +200,10 @@ def test_ranks_failing_with_their_own_error_are_not_victims():
     failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
     assert failure.rank == 0 and failure.also_failed == [1] and failure.victims == [2]
     assert failure.same_error == [1]  # the same type at the same line: every rank's bug
+    # which of them raised first is a matter of milliseconds: the lowest rank, warm or cold
+    later = {**exceptions, 0: _exc(3.2, "RuntimeError", same, 20), 1: _exc(3.0, "RuntimeError", same, 20)}
+    failure = find_failure(later, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
+    assert (failure.rank, failure.also_failed, failure.same_error) == (0, [1], [1])
     exceptions[1] = _exc(3.1, "RuntimeError", same, 21)
     failure = find_failure(exceptions, {0: 1, 1: 1, 2: 1}, [0, 1, 2])
     assert failure.also_failed == [1] and failure.same_error == []

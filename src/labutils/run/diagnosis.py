@@ -242,6 +242,17 @@ def _straggler(primary: list[tuple[int, dict]], exceptions: dict[int, dict],
         also_failed=outside[1:])
 
 
+def _same_error(a: dict, b: dict) -> bool:
+    """Two exception events of one bug: the same exception type raised at the same line."""
+    return bool(a.get("file")) and all(a.get(k) == b.get(k) for k in ("exc_type", "file", "line"))
+
+
+def _first_alike(rank: int, own: list[tuple[int, dict]]) -> int:
+    """The lowest rank that raised the same error at the same line as `rank` (every rank
+    runs that bug, and which raised first is a matter of milliseconds, warm or cold)."""
+    return min(r for r, ev in own if r == rank or _same_error(ev, dict(own)[rank]))
+
+
 def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list[int],
                   primary: list[tuple[int, dict]], stopped_in: dict[int, dict]) -> None:
     """Sort the other ranks that ended badly: victims of the root cause, ranks with an
@@ -257,9 +268,8 @@ def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list
         if r != root.rank and not looks_like_victim(ev.get("message", ""))
     )
     root.victims = sorted(r for r in involved if r != root.rank and r not in root.also_failed)
-    root.same_error = [r for r in root.also_failed if root.kind == "exception" and root.file
-                       and (exceptions[r].get("exc_type"), exceptions[r].get("file"),
-                            exceptions[r].get("line")) == (root.exc_type, root.file, root.line)]
+    root.same_error = [r for r in root.also_failed if root.kind == "exception"
+                       and _same_error(exceptions[r], exceptions.get(root.rank, {}))]
     timed_out = {r: ev for r, ev in exceptions.items() if is_collective_timeout(ev.get("message", ""))}
     if not timed_out or not all(r in timed_out for r, _ in primary):
         return
@@ -333,7 +343,7 @@ def find_failure(
                    + [(ended_at.get(rank, never), 1, rank) for rank in silent])
     early = _ended_early(exit_codes, ended_at, candidates)
     if first and first[0][1] == 0:
-        rank = first[0][2]
+        rank = _first_alike(first[0][2], own)
         root = _raised(rank, exceptions[rank], exit_codes.get(rank))
     elif first:
         root = _ended_badly(first[0][2], exit_codes[first[0][2]] or 0, finished=finished,
