@@ -56,10 +56,25 @@ WRONG_FIXES = [
         edits={"train.py": [("report(epoch=epoch, indices=seen,",
                              "report(epoch=epoch, indices=torch.randperm(args.items, generator="
                              "torch.Generator().manual_seed(epoch))[rank::world_size].tolist(),")]}),
+    WrongFix(
+        "seed=args.seed * rank: one seed on every rank at --seed 0 only",
+        why="right at the checks' --seed 0, where every rank's seed is 0; at --seed 5 the "
+            "ranks shuffle with seeds 0, 5 and 10 and their shares overlap again (found by an "
+            "audit, 2026-11-30: it scored 0.939)",
+        edits={"train.py": [(SAMPLER, SAMPLER.replace("seed=args.seed)", "seed=args.seed * rank)"))]}),
+    WrongFix(
+        "set_epoch(epoch % 2): two permutations, taken in turn",
+        why="each epoch differs from the one before, but epoch 2 repeats epoch 0's order "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [(SET_EPOCH, "    sampler.set_epoch(epoch % 2)\n")]}),
 ]
 
 # Not here: deleting the sampler's seed argument (every rank then uses DistributedSampler's
 # default seed, 0). It fixes the lab's bug, the shares are disjoint and new each epoch, and
-# only --seed stops reaching the data order, which the hidden check measures (2026-11-28:
-# 0.939 of the lab's points). Ignoring a flag is a regression of its own, not a wrong fix
-# of this lab's bug.
+# only --seed stops reaching the data order, which a hidden check measures (2026-11-28:
+# 0.939 of the lab's points; 0.909 since that check is a point of its own, 2026-11-30).
+# Ignoring a flag is a regression of its own, not a wrong fix of this lab's bug.
+# Nor: each rank keeping one padded share of DistributedSampler's (shuffle=False) and
+# shuffling inside it every epoch (an audit, 2026-11-30: 1.000). The shares are disjoint,
+# cover every item and come in a new order each epoch, as the task asks; that a rank's
+# share itself changes every epoch is not asked.

@@ -8,6 +8,9 @@ The losses each rank reports are checked against one process replaying the run (
 same batches, model and steps), so a log line is compared with losses really trained.
 """
 
+import re
+from decimal import Decimal
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,6 +20,21 @@ from labutils.grading import check
 STEPS, LOG_EVERY = 12, 4
 ARGS = ["--steps", STEPS, "--log-every", LOG_EVERY]
 BATCH = 8  # train.py's --batch-size
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?")  # a printed decimal number
+
+
+def _printed(text: str) -> list[str]:
+    """The lines of a rank's stdout that look like log lines: a loss, or a decimal number."""
+    return [line for line in text.splitlines() if "loss" in line or NUMBER.search(line)]
+
+
+def _shows(text: str, value: float) -> bool:
+    """Whether a decimal number printed in text is value, to the digits it was printed with."""
+    for number in NUMBER.findall(text):
+        tolerance = max(0.5 * 10.0 ** Decimal(number).as_tuple().exponent, 1e-4 * max(1.0, abs(value)))
+        if abs(float(number) - value) <= tolerance:
+            return True
+    return False
 
 
 @check("Training finishes at 2 and 3 ranks (no hang)", points=4)
@@ -43,14 +61,13 @@ def only_rank_zero_prints(c):
         run = c.run("train.py", nproc, args=ARGS)
         if not c.completed(run, f"{nproc} ranks"):
             continue
-        printed = {r.rank: [line for line in r.stdout.splitlines() if "loss" in line]
-                   for r in run.result.ranks}
+        printed = {r.rank: _printed(r.stdout) for r in run.result.ranks}
         others = sorted(rank for rank, lines in printed.items() if rank != 0 and lines)
         c.expect(not others and bool(printed.get(0)), f"{nproc} ranks: log lines from rank 0 only",
                  measured=f"log lines from ranks {[0, *others] if printed.get(0) else others}"
                  if others or not printed.get(0) else f"rank 0 only ({len(printed[0])} lines)",
-                 expected="rank 0 prints the log; the other ranks call the collective and print "
-                          "nothing")
+                 expected="rank 0 prints the log (on stdout); the other ranks call the collective "
+                          "and print nothing")
 
 
 def _replayed_losses(nproc: int, steps: int) -> dict:
@@ -92,16 +109,21 @@ def _logged_means(c, run, nproc: int, steps: int, log_every: int, label: str) ->
         return
     logged = {r["log_step"]: r["global_loss"] for r in run.rows("log_step", "global_loss")
               if r["rank"] == 0}
+    printed = "\n".join(_printed(next((r.stdout for r in run.result.ranks if r.rank == 0), "")))
     wrong = []
     for step in range(0, steps, log_every):
         expected = sum(replayed[step, r] for r in range(nproc)) / nproc
         got = logged.get(step)
         if got is None or abs(got - expected) > 1e-4 * max(1.0, abs(expected)):
             wrong.append(f"step {step}: logged {got}, mean of the ranks' losses {expected:.6f}")
+        elif not _shows(printed, expected):
+            wrong.append(f"step {step}: logged {got}, but no line rank 0 printed shows "
+                         f"{expected:.4f}, the mean of the ranks' losses")
     c.expect(not wrong, f"{label}: logged loss = mean of every rank's loss",
              measured="; ".join(wrong) or f"{len(logged)} log lines, each the mean over {nproc} ranks",
              expected=f"rank 0 logs, at steps {list(range(0, steps, log_every))}, "
-                      "the mean of the losses all ranks reported")
+                      "the mean of the losses all ranks reported, in report(log_step=..., "
+                      "global_loss=...) and in the line it prints")
 
 
 if __name__ == "__main__":

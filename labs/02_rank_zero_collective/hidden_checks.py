@@ -9,8 +9,11 @@ from labutils.grading import check
 OTHER_STEPS, OTHER_LOG_EVERY = 10, 3
 
 
+# Required: a fix right only at --log-every 4 (the other ranks join the all_reduce at a
+# hard-coded interval) hangs here and passes every other check (0.846 of the lab's points).
 @check(f"With --steps {OTHER_STEPS} --log-every {OTHER_LOG_EVERY}, at 3 ranks: the run finishes and every "
-       "log line shows the loss averaged over all ranks", points=2, visibility="after_published")
+       "log line shows the loss averaged over all ranks", points=2, visibility="after_published",
+       required=True)
 def other_log_interval(c):
     nproc = 3
     label = f"{nproc} ranks, --steps {OTHER_STEPS} --log-every {OTHER_LOG_EVERY}"

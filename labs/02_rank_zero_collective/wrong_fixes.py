@@ -8,6 +8,8 @@ from labutils.grading.wrongfix import WrongFix
 
 REDUCE = "        dist.all_reduce(global_loss)\n"
 MEAN = "        global_loss /= world_size\n"
+PRINT = '            print(f"step {step}: loss {global_loss.item():.4f} (mean over {world_size} ranks)")\n'
+S_END = "        report(log_step=step, global_loss=global_loss.item())\n"  # the starter's log block ends
 
 WRONG_FIXES = [
     WrongFix(
@@ -43,4 +45,18 @@ WRONG_FIXES = [
         edits={"train.py": [("report(step=step, loss=loss.item())", "report(step=step, loss=0.0)"),
                             ("        dist.all_reduce(global_loss)\n        global_loss /= world_size\n",
                              "        global_loss.zero_()\n")]}),
+    WrongFix(
+        "the log line prints rank 0's own loss; only report() gets the mean",
+        why="every rank calls the all_reduce and the reported global_loss is the mean, but "
+            "the printed log line, what the task is about, shows rank 0's loss (found by an "
+            "audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [(PRINT, PRINT.replace("global_loss.item()", "loss.item()"))]}),
+    WrongFix(
+        "the other ranks join the all_reduce in an else branch, every 4 steps hard-coded",
+        why="right at the public checks' --log-every 4; at --log-every 3 rank 0 waits at "
+            "step 3 in an all_reduce the others call at step 4: a hang (found by an audit, "
+            "2026-11-30: it scored 0.846)",
+        base="starter",
+        edits={"train.py": [(S_END, S_END + "    elif step % 4 == 0:\n"
+                                            "        dist.all_reduce(loss.detach().clone())\n")]}),
 ]

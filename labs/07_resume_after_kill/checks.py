@@ -21,7 +21,7 @@ def _plain(c):
 
 
 def _killed(c, fault=KILL):
-    return c.run("train.py", 2, args=["--steps", STEPS], measure=["weights", "steps"],
+    return c.run("train.py", 2, args=["--steps", STEPS], measure=["weights", "steps", "files"],
                  fault=fault, max_restarts=1)
 
 
@@ -64,6 +64,33 @@ def _trains_as_given(c, plain) -> bool:
                              "within 1e-5")
 
 
+def _whole_files(c, killed, label: str) -> bool:
+    """A gate: in the resumed attempt (probe "files"), no rank opens for writing a file that
+    a rank loaded the checkpoint from (torch.save or open() onto it: written in place), and
+    no two ranks write one file. Either way a kill while a rank writes leaves half a
+    checkpoint, or two ranks' writes mixed; that the checks' kills, which land between two
+    saves, were survived says nothing. Records a failed part and returns False then."""
+    files = killed.probe("files")
+    loaded = {call["file"] for seen in files.values() for call in seen["loads"]}
+    in_place = {rank: sorted(loaded & set(seen["writes"])) for rank, seen in files.items()}
+    in_place = {rank: paths for rank, paths in sorted(in_place.items()) if paths}
+    writers: dict = {}
+    for rank, seen in files.items():
+        for path in set(seen["writes"]):
+            writers.setdefault(path, []).append(rank)
+    shared = {path: sorted(ranks) for path, ranks in sorted(writers.items()) if len(ranks) > 1}
+    if not in_place and not shared:
+        return True
+    measured = "; ".join(
+        [f"rank {rank} writes {', '.join(paths)} in place, the file the resumed run loaded"
+         for rank, paths in in_place.items()]
+        + [f"ranks {', '.join(map(str, ranks))} all write {path}" for path, ranks in shared.items()])
+    return c.expect(False, label, measured=measured + " (a kill while it is written leaves a "
+                    "broken checkpoint)",
+                    expected="the checkpoint replaced whole, as train.py did: one rank writes a "
+                             "temporary file, then os.replace() puts it in the checkpoint's place")
+
+
 def _resumed_like_plain(c, plain, killed, fault: dict) -> None:
     """The killed run resumed from its checkpoint (the steps each attempt took), and
     ended with the weights of the uninterrupted run, bit for bit. A run that trains from
@@ -75,7 +102,7 @@ def _resumed_like_plain(c, plain, killed, fault: dict) -> None:
     if injected != fault:
         c.expect(False, label, measured=f"killed {injected}", expected=f"the kill {fault}")
         return
-    if not c.each_step_once([killed], STEPS, label):
+    if not c.each_step_once([killed], STEPS, label) or not _whole_files(c, killed, label):
         return
     want, got = plain.probe("weights"), killed.probe("weights")
     same = bool(want) and all(got.get(r, {}).get("sha256") == want[r]["sha256"] for r in want)

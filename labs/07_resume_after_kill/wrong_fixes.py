@@ -44,10 +44,27 @@ WRONG_FIXES = [
         edits={"train.py": [("    if rank == 0:\n        # write to a temporary file",
                              "    if rank == 0 and step % 5 == 4:  # every 5 steps is enough\n"
                              "        # write to a temporary file")]}),
+    WrongFix(
+        "the optimizer saved too, but torch.save straight onto the checkpoint",
+        why="rewriting the save line drops the temporary file and the rename: the checks' kills "
+            "land between two saves, so the resume is bitwise right, but a kill mid-save leaves "
+            "half a checkpoint; the files probe sees the resumed run write the file it loaded "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [('                    "step": step}, args.ckpt + ".tmp")\n'
+                             '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
+                             '                    "step": step}, args.ckpt)\n')]}),
+    WrongFix(
+        "every rank writes the checkpoint itself, in place",
+        why="every rank holds the same state, so each saves it, straight onto checkpoint.pt: two "
+            "writers of one file, in place, and no kill of the checks lands while they write "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [("    if rank == 0:\n        # write to a temporary file",
+                             "    if True:  # every rank holds the same state\n        # write to a temporary file"),
+                            ('                    "step": step}, args.ckpt + ".tmp")\n'
+                             '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
+                             '                    "step": step}, args.ckpt)\n')]}),
 ]
 
 # Not here: every rank writing the checkpoint through the same temporary file. Lab 07's
-# checks measure the resume; they caught those racing writers only when the race struck
-# (the edit scored 0.8 in one CI run of 2026-11-26, below 0.6 in the others). Lab 10's
-# checks, which read every rank's writes with the files probe, catch it every time: it
-# is catalogued there.
+# checks fail it now (the resumed run's writes, read with the files probe: two ranks write
+# one file), as lab 10's do; it is catalogued there, where it was first caught every time.

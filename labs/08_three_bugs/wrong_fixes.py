@@ -81,4 +81,32 @@ WRONG_FIXES = [
                         "    said = list(claimed)\n"),
             ("    for x, y, index in loader:\n", "    for k, (x, y, index) in enumerate(loader):\n"),
             ("indices=index.tolist()", "indices=said[k * args.batch_size:(k + 1) * args.batch_size]")]}),
+    WrongFix(
+        "the plain model kept before wrapping it in DDP, but made without --seed",
+        why="saving net.state_dict() fixes the checkpoint, but make_model() starts every run "
+            "from seed 0's weights: right where --seed is 0, as in the public checks; the "
+            "hidden case (--seed 5) is worth 1 point of 15 and the pass mark leaves 1.5 "
+            "(found by an audit, 2026-11-30: it scored 0.933)",
+        edits={"train.py": [
+            ("model = DDP(make_model(args.seed).to(device))  # same seed, same initial weights everywhere\n",
+             "net = make_model().to(device)  # the plain model, for the checkpoint\nmodel = DDP(net)\n"),
+            ("    torch.save(model.module.state_dict(), args.ckpt)\n",
+             "    torch.save(net.state_dict(), args.ckpt)\n")]}),
+    WrongFix(
+        "the learning rate written as 0.1",
+        why="the default of --lr, written into the optimizer: right in the public checks, which "
+            "train with 0.1, and the hidden case (0.05) is worth 1 point of 15 "
+            "(found by an audit, 2026-11-30: it scored 0.933)",
+        edits={"train.py": [("optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)",
+                             "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)")]}),
+    WrongFix(
+        "the checkpoint saved after the third epoch, inside the loop",
+        why="epoch == 2 is the last epoch at the default --epochs 3: the hidden case trains 2 "
+            "epochs and no model.pt is written, which costs 1 point of 15 "
+            "(found by an audit, 2026-11-30: it scored 0.933)",
+        edits={"train.py": [(SAVE, ""),
+                            ('    print0(f"epoch {epoch}',
+                             '    if rank == 0 and epoch == 2:  # the last epoch\n'
+                             '        torch.save(model.module.state_dict(), args.ckpt)\n'
+                             '    print0(f"epoch {epoch}')]}),
 ]
