@@ -328,6 +328,9 @@ def test_peers_that_timed_out_waiting_for_a_rank_outside_any_collective_name_it(
     assert text.splitlines()[1:] == [
         "root cause: rank 1 never reached the collective its peers waited in: " + failure.message,
         "  at train.py:7    n += 1", "  rank 0 waited for it in vain"]
+    from labutils.run.outcome import attempt_entry
+    assert attempt_entry(0, failure, {})["why"] == \
+        "never reached the collective its peers waited in: " + failure.message
     # 4 ranks: two time out, one loses its peer first, one is stopped waiting there too
     at_barrier = {"collective": "barrier", "where": "train.py:11", "source": "dist.barrier()"}
     failure = find_failure({0: waited(18.0), 2: waited(18.1), 3: waited(18.2, GLOO_PEER_GONE)},

@@ -188,11 +188,16 @@ def agent_failure(agent_text: str, exit_code: int | None = None) -> Failure:
 
 def attempt_entry(attempt: int, failure, codes: dict, final: str | None = None) -> dict:
     """One entry of result.attempts: which rank failed, why, every rank's exit code."""
+    why = None
+    if failure is not None:
+        # a straggler's SIGTERM (torchrun's) is not why it failed: it never came
+        said = failure.ended_how().removeprefix(f"rank {failure.rank} ") \
+            if failure.kind == "straggler" else failure.exc_type
+        why = f"{said}: {failure.message}" if failure.message else said
     return {
         "attempt": attempt,
         "failed_rank": failure.rank if failure else None,
-        "why": (f"{failure.exc_type}: {failure.message}" if failure.message else failure.exc_type)
-        if failure else None,
+        "why": why,
         "exit_codes": {str(k): v for k, v in codes.items()},
         "outcome": final if final is not None else "restarted",
     }
