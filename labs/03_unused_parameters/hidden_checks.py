@@ -5,7 +5,7 @@ a hard-coded 2 are right at 2 ranks only); 4 ranks with the auxiliary loss on, w
 auxiliary head must still train (a required check: a fix that freezes the head for
 good loses only its points, and would pass the lab without it)."""
 
-from checks import AUX_HEAD, BATCH, _own_batches, _run, _same_weights, _weights
+from checks import AUX_HEAD, BATCH, OFF, _own_batches, _run, _same_weights, _weights
 
 from labutils.grading import check
 
@@ -21,8 +21,8 @@ def equals_big_batch_at_3(c):
     run = _run(c, nproc)  # the public checks' run
     if not c.completed(run, f"{nproc} ranks, batch {BATCH} each"):
         return
-    reference = _run(c, 1, batch=nproc * BATCH)
-    if not c.completed(reference, f"1 rank, batch {nproc * BATCH} (the reference)"):
+    reference = _run(c, 1, batch=nproc * BATCH, args=OFF)
+    if not c.completed(reference, f"1 rank, batch {nproc * BATCH}, --aux-weight 0 (the reference)"):
         return
     _same_weights(c, run, reference, f"{nproc} ranks x batch {BATCH} = 1 rank x batch {nproc * BATCH}")
     _own_batches(c, run, nproc)

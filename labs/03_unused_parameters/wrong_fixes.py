@@ -116,4 +116,13 @@ WRONG_FIXES = [
             "takes world_size x --batch-size items), so adding ranks saves nothing",
         edits={"train.py": [WITH_DIST, (GATHERED_STEP[0], GATHERED_STEP[1].replace(
             "model.module(torch.cat(xs))", "model(torch.cat(xs))"))]}),
+    WrongFix(
+        "a tiny auxiliary weight by default, so aux_head always gets a gradient",
+        why="--aux-weight defaults to 1e-8: aux_head gets a gradient too small to move it past "
+            "float32 rounding, and the one-process reference (the same script) matched, but "
+            "--aux-weight 0, as the docstring runs it, still fails at step 1 "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        base="starter",
+        edits={"train.py": [('parser.add_argument("--aux-weight", type=float, default=0.0)',
+                             'parser.add_argument("--aux-weight", type=float, default=1e-8)')]}),
 ]

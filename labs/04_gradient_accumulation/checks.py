@@ -80,6 +80,41 @@ def equals_big_batch(c):
                  measured=f"largest weight difference {diff:.2e}", expected="at most 1e-5")
 
 
+# Required: dividing the loss by accum is half the fix, and the starter's report already
+# divides each micro-batch's loss by accum: divided twice, the loss the script logs is
+# accum times too small while the training is right, and nothing else here would see it.
+@check("Each step's reported loss is the mean loss of the step's batch", points=1, required=True)
+def reports_the_mean_loss(c):
+    reference = _reference(c)
+    if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH}, no accumulation (the reference)"):
+        return
+    expected = {r["step"]: r["loss"] for r in reference.rows("step", "loss")}
+    if not expected:
+        c.expect(False, "the loss each step reports", measured="no report(step=..., loss=...)",
+                 expected="each step reports its loss, as the starter does")
+        return
+    for nproc in RUNS:
+        run = _run(c, nproc)
+        if not c.completed(run, f"{nproc} ranks"):
+            continue
+        by_step: dict[int, list[float]] = {}
+        for r in run.rows("step", "loss"):
+            by_step.setdefault(r["step"], []).append(r["loss"])
+        # the ranks' micro-batches are equal in size: the mean of their means is the step's
+        means = {step: sum(losses) / len(losses) for step, losses in by_step.items()
+                 if len(losses) == nproc}
+        worst = max(expected, key=lambda s: abs(means.get(s, float("inf")) - expected[s]))
+        got = means.get(worst)
+        c.expect(sorted(means) == sorted(expected) and
+                 abs(got - expected[worst]) <= 1e-4 * max(1.0, abs(expected[worst])),
+                 f"{nproc} ranks: the loss each step reports",
+                 measured=f"step {worst}, the furthest off: mean over the ranks of the reported loss {got:.6g}"
+                          if got is not None else f"step {worst}: not reported by every rank",
+                 expected=f"{expected[worst]:.6g} (to 1e-4), the loss of one process on the "
+                          f"step's {GLOBAL_BATCH} items: each rank reports the mean over its "
+                          "micro-batches, not their sum, and not that mean divided again by accum")
+
+
 if __name__ == "__main__":
     from labutils.grading import run_checks
 

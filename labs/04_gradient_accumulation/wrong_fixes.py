@@ -91,4 +91,11 @@ WRONG_FIXES = [
         step_loss += loss.item()
     total.backward()
 """)]}),
+    WrongFix(
+        "the loss divided by accum, and the starter's report of it divided again",
+        why="the training is right, but each step's logged loss is its mean over the "
+            "micro-batches divided by accum once more: accum times too small "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [("        step_loss += loss.item()\n",
+                             "        step_loss += loss.item() / args.accum\n")]}),
 ]

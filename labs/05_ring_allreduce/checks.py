@@ -95,7 +95,11 @@ def returns_the_input(c):
                           "ring_all_reduce's docstring asks for the tensor")
 
 
-@check("Each rank sends 2(n-1)/n of the tensor (reduce-scatter, then all-gather)", points=5)
+# Required: the float64 check (hidden, required) measures the bytes of float64 tensors only;
+# a ring that sums in float64 whatever the dtype (a copy, cast back at the end) is right
+# there and sends twice 2(n-1)/n of every float32 tensor, which loses only these points.
+@check("Each rank sends 2(n-1)/n of the tensor (reduce-scatter, then all-gather)", points=5,
+       required=True)
 def bandwidth_optimal(c):
     nproc, size = 3, max(SIZES)
     run = _run(c, nproc)

@@ -26,6 +26,9 @@ RING = '''    chunks = tensor.view(-1).tensor_split(world)  # views: writing a c
     return tensor
 '''
 
+CHUNKS = "    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor\n"
+TAIL = "        _exchange(send, recv, right, left)\n    return tensor\n"
+
 WRONG_FIXES = [
     WrongFix(
         "calls the library's all-reduce through torch.distributed.distributed_c10d",
@@ -119,4 +122,13 @@ WRONG_FIXES = [
             "torch.empty_like(recv) is",
         edits={"ring.py": [("        incoming = torch.empty_like(recv)\n",
                             "        incoming = torch.zeros(recv.numel())\n")]}),
+    WrongFix(
+        "sums in float64 whatever the dtype, in a copy cast back into the tensor",
+        why="right sums, and 2(n-1)/n of a float64 tensor, but a float32 tensor travels as "
+            "float64: twice the bytes the ring should send "
+            "(found by an audit, 2026-11-30: it scored 0.625)",
+        edits={"ring.py": [(CHUNKS, "    flat = tensor.view(-1).to(torch.float64)  # sum in double: no rounding on the way\n"
+                                    "    chunks = flat.tensor_split(world)\n"),
+                           (TAIL, "        _exchange(send, recv, right, left)\n"
+                                  "    tensor.copy_(flat.view_as(tensor))\n    return tensor\n")]}),
 ]
