@@ -113,4 +113,15 @@ correct, counted = hits.sum(), torch.tensor(len(hits))
         edits={"evaluate.py": [("dist.all_reduce(counted)\n", ""),
                                ("accuracy = correct.item() / counted.item()",
                                 "accuracy = correct.item() / len(dataset)")]}),
+    WrongFix(
+        "DistributedSampler(drop_last=True), and rank 0 scores the dropped items, taken from the start",
+        why="drop_last leaves out the last len % world items, but rank 0 adds the first ones "
+            "again: those are counted twice and the last never (found by an audit, 2026-11-30: "
+            "it failed a required check)",
+        base="starter",
+        edits={"evaluate.py": [(STARTER_IMPORT, WITH_SUBSET), (STARTER_LOADER,
+            '''share = list(DistributedSampler(dataset, shuffle=False, drop_last=True))
+if rank == 0:  # the items drop_last left out
+    share += list(range(len(dataset) % world_size))
+loader = DataLoader(Subset(dataset, share), batch_size=args.batch_size)''')]}),
 ]
