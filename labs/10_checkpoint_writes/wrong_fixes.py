@@ -80,4 +80,37 @@ WRONG_FIXES = [
              "        write_checkpoint(",
              "    if True:  # every rank writes, rank 0 renames\n"
              "        write_checkpoint(")]}),
+    WrongFix(
+        "every rank writes its own tempfile.mkstemp() file, only rank 0 renames it onto checkpoint.pt",
+        why="the catalogue's 'only rank 0 renames' with the temporary files made by "
+            "tempfile.mkstemp() in the system's temporary folder: os.fdopen's writes went past "
+            "the files probe (it saw open() and torch.save(), not os.open()), and the files were "
+            "not beside the checkpoint; every rank still writes the whole checkpoint (found by an "
+            "audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+             '    import tempfile\n'
+             '    fd, partial = tempfile.mkstemp(suffix=".partial")  # a file of this rank\'s own\n'
+             '    with os.fdopen(fd, "wb") as f:\n'),
+            ("    os.replace(partial, path)\n",
+             "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
+            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
+             "        write_checkpoint(",
+             "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]}),
+    WrongFix(
+        "every rank writes its own temporary file in the system's temporary folder, only rank 0 "
+        "renames it onto checkpoint.pt",
+        why="as the catalogue's 'only rank 0 renames', with each rank's file in "
+            "tempfile.gettempdir() instead of beside the checkpoint, where the check looked "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+             '    import tempfile\n'
+             '    partial = os.path.join(tempfile.gettempdir(), f"checkpoint-{rank}.partial")\n'
+             '    with open(partial, "wb") as f:\n'),
+            ("    os.replace(partial, path)\n",
+             "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
+            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
+             "        write_checkpoint(",
+             "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]}),
 ]

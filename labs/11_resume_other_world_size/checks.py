@@ -71,17 +71,33 @@ def _cut_short(folder: str, stop: int) -> str:
     files dcp.save writes first), and no .metadata (which it writes last), nor anything
     else. Once per directory (the resumed run finishes that folder if it saves there).
     Returns what the folder holds, in words ('' when there is no step-{stop} folder to
-    take the files from: the checkpoints are named otherwise)."""
-    done, cut = os.path.join(folder, f"step-{stop}"), os.path.join(folder, f"step-{stop + 1}")
-    if not os.path.isdir(done):
+    take the files from: the checkpoints are named otherwise). A step number written with
+    leading zeros (step-000004) counts as step-{stop}, and the cut one is written so too."""
+    named = _step_folders(folder).get(stop)
+    if named is None:
         return ""
+    digits = re.search(r"\d+$", named).group()
+    done = os.path.join(folder, named)
+    cut = os.path.join(folder, named[:-len(digits)] + str(stop + 1).zfill(len(digits)))
     files = sorted(name for name in os.listdir(done) if name.endswith(".distcp"))
     if not os.path.exists(cut):
         os.makedirs(cut)
         for name in files:
             shutil.copy(os.path.join(done, name), os.path.join(cut, name))
-    return (f"step-{stop + 1}, a save cut short: {len(files)} rank file"
+    return (f"{os.path.basename(cut)}, a save cut short: {len(files)} rank file"
             f"{'' if len(files) == 1 else 's'} (.distcp), no .metadata")
+
+
+def _step_folders(folder: str) -> dict[int, str]:
+    """step -> the name of the folder in folder named by that step: step-N, or N written
+    with leading zeros (step-000004)."""
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    found = {}
+    for name in names:
+        match = re.fullmatch(r"step-(\d+)", name)
+        if match and os.path.isdir(os.path.join(folder, name)):
+            found.setdefault(int(match.group(1)), name)
+    return found
 
 
 def _stop_and_resume(c, chain) -> list | None:
@@ -260,6 +276,17 @@ def written_with_dcp(c):
                     measured=f"{len(saved)} checkpoints with a .metadata file, {len(files)} files"
                     if saved else f"no .metadata file; it holds {', '.join(files) or 'nothing'}",
                     expected="checkpoints as dcp.save writes them: the ranks' files and .metadata"):
+        return
+    # A folder of its own for each checkpoint: a save into the folder of the one before,
+    # cut short, leaves its old .metadata over half-written rank files, and no checkpoint
+    # to resume from (and the save cut short the other checks leave needs step-N names).
+    names = sorted({os.path.relpath(path, folder) for path in saved}, key=lambda n: _natural((n, 0)))
+    unnamed = [name for name in names if not re.fullmatch(r"step-\d+", name)]
+    if not c.expect(not unnamed, "a folder of its own for each checkpoint",
+                    measured=f"checkpoints (.metadata) in {', '.join(names)}",
+                    expected="--ckpt-dir/step-N for the checkpoint after N steps, as train.py "
+                             "names them: a save into the folder of the checkpoint before it, "
+                             "cut short, leaves no checkpoint whole"):
         return
     counts = {}  # checkpoint -> momentum buffers in it
     for path in saved:

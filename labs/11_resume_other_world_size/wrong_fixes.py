@@ -112,4 +112,32 @@ WRONG_FIXES = [
         edits={"train.py": [(
             '    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)',
             "    return sorted(folders)[-1] if folders else None")]}),
+    WrongFix(
+        "zero-padded step folders (step-000004), the newest taken finished or not",
+        why="the catalogue's 'no .metadata test', with folder names that sort as text: the "
+            "checks left their save cut short only beside a folder named step-4, so with "
+            "step-000004 none was left and the unfinished-folder bug never showed (found by an "
+            "audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")\n',
+             '    folder = os.path.join(args.ckpt_dir, f"step-{steps_done:06d}")  # sorts as text\n'),
+            ('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
+    folders = [os.path.dirname(path) for path in done]
+    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)''',
+             '''    folders = sorted(glob.glob(os.path.join(args.ckpt_dir, "step-*")))
+    return folders[-1] if folders else None''')]}),
+    WrongFix(
+        "one checkpoint folder, overwritten by every save",
+        why="dcp.save into the folder of the checkpoint before it: a save cut short by a "
+            "preemption leaves the old .metadata over half-written rank files, and no checkpoint "
+            "whole (lab 10's write in place, with DCP); no step-N folder, so the checks left no "
+            "save cut short (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")\n',
+             '    folder = os.path.join(args.ckpt_dir, "latest")  # the newest, always\n'),
+            ('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
+    folders = [os.path.dirname(path) for path in done]
+    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)''',
+             '''    folder = os.path.join(args.ckpt_dir, "latest")
+    return folder if os.path.exists(os.path.join(folder, DONE)) else None''')]}),
 ]

@@ -25,7 +25,7 @@ ANSWER = "runs/diagnosis.json"  # written by the notebook's diagnosis-save cell
 
 def _run(c, nproc, *more):
     return c.run("train.py", nproc, args=["--batch-size", GLOBAL_BATCH // nproc, *more],
-                 measure=["weights"],
+                 measure=["weights", "forwards"],
                  hang_timeout=HANG_TIMEOUT)
 
 
@@ -72,6 +72,25 @@ def _largest_difference(values, reference) -> float:
     if len(values) != len(reference) or not all(math.isfinite(g) for g in gaps):
         return math.nan
     return max(gaps, default=0.0)
+
+
+def _own_readings(c, run, nproc: int) -> None:
+    """One part: every forward pass through the DDP model takes the rank's own batch,
+    GLOBAL_BATCH // nproc readings (probe "forwards", every pass of the run, skipped steps'
+    too). A rank that gathers every rank's readings and trains on the whole batch ends
+    with the weights of one process too, doing every rank's work."""
+    size = GLOBAL_BATCH // nproc
+    sizes = {rank: [n for per_step in r["per_step"] for n in per_step] + list(r["after_last_step"])
+             for rank, r in run.probe("forwards").items()}
+    other = {rank: sorted(set(s) - {size}) for rank, s in sorted(sizes.items()) if set(s) - {size}}
+    c.expect(sorted(sizes) == list(range(nproc)) and all(sizes.values()) and not other,
+             f"{nproc} ranks x batch {size}: the readings of each forward pass",
+             measured="; ".join(f"rank {rank}: forward passes of {n} readings"
+                                for rank, n in list(other.items())[:2]) if other else
+             f"forward passes on ranks {sorted(r for r, s in sizes.items() if s)}",
+             expected=f"every forward pass through the DDP model on every rank takes the rank's "
+                      f"own {size} readings (--batch-size {size}); {GLOBAL_BATCH} are every "
+                      "rank's readings together, which DDP's averaged gradients stand for")
 
 
 def _same_steps_skipped(c, run, nproc: int, expected: list[int]) -> None:
@@ -134,8 +153,11 @@ def skips_the_corrupt_steps(c):
             _same_steps_skipped(c, run, nproc, expected)
 
 
-@check("The weights are the same on every rank and equal one process on the whole batch", points=3,
-       required=True)
+# Required. The forward passes too: a rank that gathers every rank's readings of the step
+# and trains on all of them ends with one process's weights exactly, with every rank doing
+# the whole step's work.
+@check("The weights are the same on every rank and equal one process on the whole batch, each "
+       "rank training on its own readings", points=3, required=True)
 def equals_one_process(c):
     reference = _reference(c)
     if not c.completed(reference, f"1 rank, batch {GLOBAL_BATCH} (the reference)"):
@@ -155,6 +177,7 @@ def equals_one_process(c):
                           + (f"{diff:.2e}" if not math.isnan(diff) else
                              "not a number: some weights are NaN (a corrupt step was trained on?)"),
                  expected="bitwise identical weights on every rank, at most 1e-5 from one process")
+        _own_readings(c, run, nproc)
 
 
 @check("The diagnosis names the rank that called a collective no other rank called, its line "

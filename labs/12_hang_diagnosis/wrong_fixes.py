@@ -68,4 +68,17 @@ WRONG_FIXES = [
                              "    loss.backward()\n"
                              "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # no more blow-ups\n"
                              "    optimizer.step()\n")]}),
+    WrongFix(
+        "every rank gathers the step's readings of every rank and trains on the whole batch",
+        why="all_gather of x and y, then each rank skips on a NaN anywhere and trains on all 12 "
+            "readings: nothing hangs, and the weights are one process's exactly, but every rank "
+            "does the whole step's work (lab 09's 'every rank trains on the global batch'); only "
+            "the forward passes' sizes show it (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [(VOTE, '''    xs = [torch.empty_like(x) for _ in range(world_size)]
+    ys = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(xs, x)
+    dist.all_gather(ys, y)
+    x, y = torch.cat(xs), torch.cat(ys)  # the whole step's batch, as one process would see it
+    corrupt = torch.isnan(y).any().float().reshape(1)
+''')]}),
 ]

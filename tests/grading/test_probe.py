@@ -7,6 +7,7 @@ as the probe's.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import textwrap
 from pathlib import Path
@@ -318,6 +319,12 @@ FILES_SCRIPT = textwrap.dedent('''
     if rank == 1:
         with open("ckpt.pt", "rb") as f:
             torch.load(io.BytesIO(f.read()))  # its own load, from a buffer
+        import tempfile
+        fd, _ = tempfile.mkstemp(suffix=".part", dir=".")  # os.open(): a write too
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"half")
+        with tempfile.NamedTemporaryFile(suffix=".named", dir=".", delete=False) as f:
+            f.write(b"half")  # open() with an opener: the file written, not its folder
     dist.barrier()
     if rank == 0:
         torch.serialization.load("ckpt.pt")  # torch.load under its other name
@@ -332,7 +339,10 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
     ranks to unpickle the tensors, without a map_location: not the script's load (lab 10
     once failed the correct fix that loads on rank 0 and broadcasts for it). A load under
     torch.serialization's name is the script's too, and a removed file is noted (a
-    checkpoint removed before the new one is renamed onto its name leaves a gap)."""
+    checkpoint removed before the new one is renamed onto its name leaves a gap). A file
+    tempfile.mkstemp() or NamedTemporaryFile() opens (os.open) is a write too (every rank
+    once wrote its own mkstemp file unseen, and only rank 0 renamed it onto lab 10's
+    checkpoint), and the folder NamedTemporaryFile() hands open() with its opener is not."""
     script = tmp_path / "script.py"
     script.write_text(FILES_SCRIPT)
     monkeypatch.chdir(tmp_path)  # the ranks' working directory: ckpt.pt goes there
@@ -343,7 +353,8 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
     assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]},
                                  {"file": "ckpt.pt", "map_location": None, "devices": ["cpu"]}]
     assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]}]
-    assert files[0]["writes"] == ["ckpt.pt"] and files[1]["writes"] == []
+    assert files[0]["writes"] == ["ckpt.pt"]
+    assert [os.path.splitext(path)[1] for path in files[1]["writes"]] == [".part", ".named"]
     assert files[0]["removes"] == ["ckpt.pt"] and files[1]["removes"] == []  # lab 10's gap
 
 

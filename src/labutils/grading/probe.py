@@ -28,8 +28,8 @@ when the script ends well, sends what it measured with report(probe=...):
   the ProcessGroup itself, so it sees dist.isend,
   torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
 - files: what the rank did with files: every file it opened for writing (open(),
-  torch.save() to a path), every rename (os.replace, os.rename), every file it removed
-  (os.remove, os.unlink) and every torch.load(),
+  os.open() as tempfile.mkstemp does, torch.save() to a path), every rename (os.replace,
+  os.rename), every file it removed (os.remove, os.unlink) and every torch.load(),
   with the map_location it was given and the devices of the tensors it returned (the
   script's own calls: not those torch makes inside, as when it unpickles the tensors
   broadcast_object_list sent),
@@ -391,12 +391,21 @@ def _watch_files() -> dict:
     original_open, original_save, original_load = builtins.open, torch.save, torch.load
     original_replace, original_rename = os.replace, os.rename
     original_remove, original_unlink = os.remove, os.unlink
+    original_os_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     load_signature = inspect.signature(original_load)
 
     def watched_open(file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+"):
+        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+") \
+                and kwargs.get("opener") is None:  # an opener opens a file of its own (os.open)
             seen["writes"].append(_shown_path(os.fsdecode(file)))
         return original_open(file, mode, *args, **kwargs)
+
+    def watched_os_open(path, flags, *args, **kwargs):  # tempfile.mkstemp's, os.fdopen's file
+        fd = original_os_open(path, flags, *args, **kwargs)
+        if isinstance(path, (str, bytes, os.PathLike)) and flags & writing:
+            seen["writes"].append(_shown_path(os.fsdecode(path)))
+        return fd
 
     def watched_save(obj, f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
@@ -435,6 +444,7 @@ def _watch_files() -> dict:
         return watched
 
     builtins.open = io.open = watched_open
+    os.open = watched_os_open
     torch.save, torch.load = watched_save, watched_load
     torch.serialization.load = watched_load  # the same function under its other name
     os.replace, os.rename = renamer(original_replace), renamer(original_rename)
