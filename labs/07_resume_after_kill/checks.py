@@ -65,20 +65,16 @@ def _trains_as_given(c, plain) -> bool:
 
 
 def _whole_files(c, killed, label: str) -> bool:
-    """A gate: in the resumed attempt (probe "files"), no rank opens for writing a file that
-    a rank loaded the checkpoint from (torch.save or open() onto it: written in place), and
-    no two ranks write one file. Either way a kill while a rank writes leaves half a
+    """A gate: in the killed run (probe "files", both attempts), no rank opens for writing
+    a file that a rank loaded the checkpoint from (torch.save or open() onto it: written in
+    place), and no two ranks write one file. Either way a kill while a rank writes leaves half a
     checkpoint, or two ranks' writes mixed; that the checks' kills, which land between two
     saves, were survived says nothing. Records a failed part and returns False then."""
     files = killed.probe("files")
     loaded = {call["file"] for seen in files.values() for call in seen["loads"]}
     in_place = {rank: sorted(loaded & set(seen["writes"])) for rank, seen in files.items()}
     in_place = {rank: paths for rank, paths in sorted(in_place.items()) if paths}
-    writers: dict = {}
-    for rank, seen in files.items():
-        for path in set(seen["writes"]):
-            writers.setdefault(path, []).append(rank)
-    shared = {path: sorted(ranks) for path, ranks in sorted(writers.items()) if len(ranks) > 1}
+    shared = killed.shared_writes()
     if not in_place and not shared:
         return True
     measured = "; ".join(

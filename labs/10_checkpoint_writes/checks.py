@@ -41,15 +41,6 @@ def _in_place(run) -> list[int]:
     return sorted(rank for rank, seen in run.probe("files").items() if CKPT in seen["writes"])
 
 
-def _shared(run) -> dict[str, list[int]]:
-    """Files that several ranks open for writing: path -> those ranks."""
-    ranks: dict[str, set[int]] = {}
-    for rank, seen in run.probe("files").items():
-        for path in seen["writes"]:
-            ranks.setdefault(path, set()).add(rank)
-    return {path: sorted(r) for path, r in sorted(ranks.items()) if len(r) > 1}
-
-
 def _removers(run) -> list[int]:
     """Ranks that remove the checkpoint (os.remove, os.unlink), as before a rename onto it."""
     return sorted(rank for rank, seen in run.probe("files").items()
@@ -91,7 +82,7 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
     label = (f"{nproc} ranks, rank {fault['rank']} (the writer) killed halfway through the "
              f"step-{fault['step']} checkpoint, --max-restarts 1")
     killed = _killed(c, fault, nproc)
-    in_place, shared, removers = _in_place(plain), _shared(plain), _removers(plain)
+    in_place, shared, removers = _in_place(plain), plain.shared_writes(), _removers(plain)
     if in_place or shared or removers:
         # A write in place leaves half a checkpoint when the writer is killed; two ranks
         # writing one file truncate each other's writes; removing the checkpoint before

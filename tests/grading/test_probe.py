@@ -52,6 +52,21 @@ def _live(restart, counts):
     return [(restart, rank, k) for rank, n in counts.items() for k in range(1, n + 1)]
 
 
+def test_shared_writes_names_the_files_several_ranks_wrote(tmp_path):
+    """Run.shared_writes (labs 07 and 10): a file two ranks opened for writing, whatever
+    the other files each rank wrote, and nothing when each wrote its own."""
+    files = {0: ["ckpt.pt.tmp", "log-0.txt", "ckpt.pt.tmp"], 1: ["ckpt.pt.tmp", "log-1.txt"],
+             2: ["ckpt.pt"]}
+    records = [{"rank": r, "probe": "files", "writes": w, "renames": [], "removes": [], "loads": []}
+               for r, w in files.items()]
+    result = RunResult(ok=True, world_size=3, duration_s=1.0, log_dir=tmp_path,
+                       ranks=[RankResult(rank=r) for r in files], reason="ok", records=records)
+    run = Run(label="train.py on 3 ranks", result=result, learner_dir=tmp_path)
+    assert run.shared_writes() == {"ckpt.pt.tmp": [0, 1]}
+    records[1]["writes"] = ["ckpt.pt.tmp.1"]
+    assert run.shared_writes() == {}
+
+
 @pytest.mark.parametrize(
     ("attempts", "passes"),
     [

@@ -203,6 +203,14 @@ class Run:
         """rank -> the probe's last record of this kind (weights, allreduce)."""
         return {r["rank"]: r for r in self.records if r.get("probe") == kind}
 
+    def shared_writes(self) -> dict[str, list[int]]:
+        """Files that several ranks opened for writing (probe "files"): path -> those ranks."""
+        ranks: dict[str, set[int]] = {}
+        for rank, seen in self.probe("files").items():
+            for path in seen["writes"]:
+                ranks.setdefault(path, set()).add(rank)
+        return {path: sorted(r) for path, r in sorted(ranks.items()) if len(r) > 1}
+
     def steps_taken(self) -> list[dict[int, int]]:
         """Per attempt, in order: rank -> optimizer steps it took (probe "steps"); an
         attempt killed halfway counts the steps taken before the kill."""

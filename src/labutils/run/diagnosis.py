@@ -250,7 +250,8 @@ def _same_error(a: dict, b: dict) -> bool:
 def _first_alike(rank: int, own: list[tuple[int, dict]]) -> int:
     """The lowest rank that raised the same error at the same line as `rank` (every rank
     runs that bug, and which raised first is a matter of milliseconds, warm or cold)."""
-    return min(r for r, ev in own if r == rank or _same_error(ev, dict(own)[rank]))
+    first = dict(own)[rank]
+    return min(r for r, ev in own if r == rank or _same_error(ev, first))
 
 
 def _mark_victims(root: Failure, exceptions: dict[int, dict], failed_ranks: list[int],
