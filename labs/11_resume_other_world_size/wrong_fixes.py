@@ -6,6 +6,12 @@ never in a learner's copy.
 
 from labutils.grading.wrongfix import WrongFix
 
+# train.py's lines: the folder a save goes to, and the choice of the newest finished one
+FOLDER = '    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")\n'
+NEWEST = '''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
+    folders = [os.path.dirname(path) for path in done]
+    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)'''
+
 WRONG_FIXES = [
     WrongFix(
         "saves with torch.distributed.checkpoint but never loads: the resumed run starts over",
@@ -119,11 +125,9 @@ WRONG_FIXES = [
             "step-000004 none was left and the unfinished-folder bug never showed (found by an "
             "audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [
-            ('    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")\n',
+            (FOLDER,
              '    folder = os.path.join(args.ckpt_dir, f"step-{steps_done:06d}")  # sorts as text\n'),
-            ('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
-    folders = [os.path.dirname(path) for path in done]
-    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)''',
+            (NEWEST,
              '''    folders = sorted(glob.glob(os.path.join(args.ckpt_dir, "step-*")))
     return folders[-1] if folders else None''')]}),
     WrongFix(
@@ -133,11 +137,9 @@ WRONG_FIXES = [
             "whole (lab 10's write in place, with DCP); no step-N folder, so the checks left no "
             "save cut short (found by an audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [
-            ('    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")\n',
+            (FOLDER,
              '    folder = os.path.join(args.ckpt_dir, "latest")  # the newest, always\n'),
-            ('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
-    folders = [os.path.dirname(path) for path in done]
-    return max(folders, key=lambda folder: int(folder.rsplit("-", 1)[1]), default=None)''',
+            (NEWEST,
              '''    folder = os.path.join(args.ckpt_dir, "latest")
     return folder if os.path.exists(os.path.join(folder, DONE)) else None''')]}),
 ]
