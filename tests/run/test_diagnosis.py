@@ -164,6 +164,24 @@ def test_straggler_is_the_rank_outside_the_collective(tmp_path):
     assert where[0].endswith("train.py:10") and where[1].endswith("train.py:9")
     assert hang.calls[0] == "all_reduce" and hang.calls[1] == ""
     assert "rank 1 has not reached" in hang.explanation
+    # rank 3 read at the all_reduce's line but in no call: going in, or coming out with the
+    # collective's error (its peer on another node stopped first) as SIGTERM came. It
+    # reached the collective: no straggler (it was named one beside rank 1, once in 900 runs)
+    leaving = sleeping.replace("line 9", "line 10")
+    unwinding = leaving.replace(
+        "(most recent call first):\n",
+        '(most recent call first):\n  File "/usr/lib/python3.11/logging/__init__.py", line 1 in debug\n'
+        '  File "/x/site-packages/torch/distributed/c10d_logger.py", line 88 in wrapper\n')
+    for dump in (leaving, unwinding):
+        hang = analyse_hang({**dumps, 3: dump}, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"))
+        assert (hang.stragglers, hang.calls[3]) == ([1], "")
+        assert "ranks 0, 2, 3 wait in a collective that rank 1 has not reached" in hang.explanation
+    # at another line than the waiting ranks', or at theirs inside a call of its own, it is one
+    computing = leaving.replace("(most recent call first):\n", '(most recent call first):\n'
+                                '  File "/x/site-packages/torch/nn/modules/linear.py", line 1 in forward\n')
+    for dump in (sleeping.replace("line 9", "line 12"), computing):
+        hang = analyse_hang({**dumps, 3: dump}, dict.fromkeys(dumps, 1), str(tmp_path / "train.py"))
+        assert hang.stragglers == [1, 3]
 
 
 @pytest.mark.parametrize(("lines", "exited", "stragglers", "phrase"), [
@@ -338,6 +356,20 @@ def test_peers_that_timed_out_waiting_for_a_rank_outside_any_collective_name_it(
                            stopped_in={1: loop, 4: at_barrier})
     assert (failure.rank, failure.kind, failure.victims) == (1, "straggler", [0, 2, 3, 4])
     assert failure.mismatch == {}
+    # rank 0 stopped at the barrier's line but in no call (its timeout raised, SIGTERM came
+    # before it was reported): it reached the barrier, and rank 1 is still the straggler
+    leaving = dict(loop, where="train.py:11", source="dist.barrier()", line=11, passing=True)
+    failure = find_failure({2: waited(18.0)}, {0: -15, 1: -15, 2: 1}, [0, 1, 2],
+                           stopped_in={0: leaving, 1: loop})
+    assert (failure.rank, failure.kind, failure.victims, failure.also_failed) == \
+        (1, "straggler", [0, 2], [])
+    assert "rank 1 ran outside any collective" in failure.message
+    failure = find_failure({1: waited(18.0)}, {0: -15, 1: 1}, [0, 1], stopped_in={0: leaving})
+    assert failure.kind != "straggler"
+    # at that line but computing in a call of its own (a model's forward): it is one
+    failure = find_failure({1: waited(18.0)}, {0: -15, 1: 1}, [0, 1],
+                           stopped_in={0: dict(leaving, passing=False)})
+    assert (failure.rank, failure.kind) == (0, "straggler")
     # two ranks outside: the first is the root cause, the other failed on its own too
     failure = find_failure({0: waited(18.0)}, {0: 1, 1: -15, 2: -15}, [0, 1, 2],
                            stopped_in={1: loop, 2: dict(loop, where="train.py:9")})

@@ -217,18 +217,21 @@ def _straggler(primary: list[tuple[int, dict]], exceptions: dict[int, dict],
     others that waited, waited there too), and torchrun then stopped a rank that was in
     no collective: it never came (a loop that does not end, or work that outlasts the
     process group's timeout). The hang report names the same rank the straggler when
-    the hang timeout runs out first."""
-    outside = sorted(r for r, where in stopped_in.items()
-                     if r not in exceptions and not where["collective"])
+    the hang timeout runs out first. A rank stopped passing through the very line its
+    peers waited at reached it: it was going in, or coming out with the collective's
+    error as SIGTERM came (hang.reached)."""
     timed_out = {r: ev for r, ev in primary}
-    if not outside or not all(is_collective_timeout(ev.get("message", ""))
-                              for ev in timed_out.values()):
+    if not all(is_collective_timeout(ev.get("message", "")) for ev in timed_out.values()):
         return None
     waits, others = _waits(timed_out, exceptions, stopped_in)
     places = {(w["collective"], w["where"]) for w in [*waits.values(), *others.values()]}
     if len(places) != 1:
         return None  # the waiting ranks' calls differ too: a mismatch
     collective, where = places.pop()
+    outside = sorted(r for r, at in stopped_in.items() if r not in exceptions and not
+                     at["collective"] and not (at.get("passing") and at["where"] == where))
+    if not outside:
+        return None
     rank, at = outside[0], stopped_in[outside[0]]
     call = f"{collective}() at {where}" if collective else where
     return Failure(

@@ -14,7 +14,7 @@ import linecache
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from labutils.runtime.frames import Frame, dump_frames, learners_frame, script_depth
@@ -144,6 +144,7 @@ def analyse_hang(
     the run was stopped). lingering: rank -> how its script ended, for ranks whose
     script ended but whose process runs on."""
     stacks, waiting, calls, sources, frames_of = {}, {}, {}, {}, {}
+    near: set[int] = set()
     for rank in sorted(dumps):
         dump = dumps[rank]
         frames = dump if isinstance(dump, list) else parse_faulthandler(dump, main_tids.get(rank))
@@ -156,18 +157,20 @@ def analyse_hang(
         waiting[rank] = f"{where_text(at.file)}:{at.line}" if at else "unknown"
         calls[rank] = collective_of(frames, at)
         sources[rank] = linecache.getline(at.file, at.line).strip() if at else ""
-    stragglers, explanation = _stragglers(waiting, calls, exited or {}, lingering or {})
+        if passing(frames, at):
+            near.add(rank)
+    stragglers, explanation = _stragglers(waiting, calls, near, exited or {}, lingering or {})
     return Hang(stacks, waiting, stragglers, calls, sources, dict(exited or {}), silent_s,
                 explanation, dict(lingering or {}))
 
 
-def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict,
+def _stragglers(waiting: dict[int, str], calls: dict[int, str], near: set[int], exited: dict,
                 lingering: dict) -> tuple[list[int], str]:
     ranks = sorted(waiting)
     if not ranks:
         return [], "no rank was alive to inspect"
-    in_collective = [r for r in ranks if calls.get(r)]
-    outside = [r for r in ranks if not calls.get(r)]
+    in_collective = reached(waiting, calls, near)
+    outside = [r for r in ranks if r not in in_collective]
     if in_collective and outside:
         return outside, (
             f"{rank_list(in_collective)} {verb_for(in_collective, 'waits', 'wait')} in a collective that "
@@ -203,6 +206,25 @@ def _stragglers(waiting: dict[int, str], calls: dict[int, str], exited: dict,
             f"{rank_list(odd)} {verb_for(odd, 'is', 'are')} somewhere else"
         )
     return [], "the ranks wait at different lines: their collectives do not match"
+
+
+def passing(frames: list[Frame], at: Frame | None) -> bool:
+    """Whether a rank's stack shows it passing through its line: no call under way there,
+    or only torch.distributed's Python around the call (c10d's logging wrapper, as the
+    collective's error goes up through it). Inside a model's forward, it computes."""
+    if at is None or at not in frames:
+        return False
+    below = frames.index(at) - 1
+    return below < 0 or "torch/distributed/" in frames[below].file.replace("\\", "/")
+
+
+def reached(waiting: dict[int, str], calls: dict[int, str], passing: Collection[int]) -> list[int]:
+    """The ranks in a collective, and those passing through (passing()) the very line where
+    another rank waits in one: a stack read at that moment caught them going in, or coming
+    out with the collective's error (a peer gone) as SIGTERM came. Neither is a rank that
+    never reached the collective."""
+    lines = {waiting[r] for r in waiting if calls.get(r)}
+    return sorted(r for r in waiting if calls.get(r) or (r in passing and waiting[r] in lines))
 
 
 def rank_list(ranks: list[int]) -> str:

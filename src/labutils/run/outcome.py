@@ -32,6 +32,7 @@ from labutils.run.hang import (
     analyse_hang,
     collective_of,
     parse_faulthandler,
+    passing,
     user_frame,
     where_text,
 )
@@ -268,7 +269,7 @@ def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
     collective = collective_of(frames, at)
     return {"collective": collective, "where": f"{where_text(at.file)}:{at.line}",
             "source": linecache.getline(at.file, at.line).strip(), "file": at.file,
-            "line": at.line}
+            "line": at.line, "passing": passing(frames, at)}
 
 
 # Endings in which the launcher stops the ranks that still run (SIGTERM)
