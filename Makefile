@@ -9,10 +9,12 @@ PYTEST_ARGS ?=
 # Each pass ends with its slowest tests, so a CI log says where the time went.
 DURATIONS := --durations=25
 # pytest workers of the parallel pass (pytest-xdist); the serial pass runs alone after it.
-# Three on two cores: most test files wait more than they compute (hang timeouts,
-# rendezvous, a browser), about 0.6-0.9 of a core each, so two workers left a core
-# idle a third of the pass (benchmarks/suite_timeline.py measures it).
-PYTEST_WORKERS ?= 3
+# Four on two cores: most test files wait more than they compute (hang timeouts,
+# rendezvous, a browser), about 0.6-0.9 of a core each. Two workers left a core idle a
+# third of the pass; three kept 1.45 cores busy on average, four 1.75, and the pass took
+# 799 s where it took 911 s (2026-11-30, fresh clone, read with process accounting;
+# benchmarks/suite_timeline.py measures it too).
+PYTEST_WORKERS ?= 4
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
