@@ -11,9 +11,9 @@ DURATIONS := --durations=25
 # pytest workers of the parallel pass (pytest-xdist); the serial pass runs alone after it.
 # Four on two cores: most test files wait more than they compute (hang timeouts,
 # rendezvous, a browser), about 0.6-0.9 of a core each. Two workers left a core idle a
-# third of the pass; three kept 1.45 cores busy on average, four 1.75, and the pass took
-# 799 s where it took 911 s (2026-11-30, fresh clone, read with process accounting;
-# benchmarks/suite_timeline.py measures it too).
+# third of the pass; with three it took 911 s, with four 799 s (2026-11-30, back to back
+# on a fresh clone; the busiest half-minutes held 1.7-1.9 cores with four, where three
+# had held 1.4-1.8; benchmarks/suite_timeline.py measures it).
 PYTEST_WORKERS ?= 4
 # JupyterLab refuses to run as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
