@@ -219,7 +219,7 @@ def _straggler(primary: list[tuple[int, dict]], exceptions: dict[int, dict],
     process group's timeout). The hang report names the same rank the straggler when
     the hang timeout runs out first. A rank stopped passing through the very line its
     peers waited at reached it: it was going in, or coming out with the collective's
-    error as SIGTERM came (hang.reached)."""
+    error as SIGTERM came (hang.passing)."""
     timed_out = {r: ev for r, ev in primary}
     if not all(is_collective_timeout(ev.get("message", "")) for ev in timed_out.values()):
         return None
@@ -324,7 +324,8 @@ def find_failure(
         exit_events: rank -> its exit event (code, t; file, line and source of a
             sys.exit() with a non-zero code), for ranks whose script ended itself.
         stopped_in: rank -> where it was when SIGTERM ended it ({"collective" (""
-            outside any), "where", "source", "file", "line"}), for ranks torchrun stopped.
+            outside any), "where", "source", "file", "line", "passing" (hang.passing)}),
+            for ranks torchrun stopped.
         terminated: ranks SIGTERM ended although neither torchrun nor the launcher
             sent it: they ended on their own, as a rank SIGKILL ended.
     """

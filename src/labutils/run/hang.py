@@ -218,13 +218,13 @@ def passing(frames: list[Frame], at: Frame | None) -> bool:
     return below < 0 or "torch/distributed/" in frames[below].file.replace("\\", "/")
 
 
-def reached(waiting: dict[int, str], calls: dict[int, str], passing: Collection[int]) -> list[int]:
-    """The ranks in a collective, and those passing through (passing()) the very line where
-    another rank waits in one: a stack read at that moment caught them going in, or coming
-    out with the collective's error (a peer gone) as SIGTERM came. Neither is a rank that
-    never reached the collective."""
+def reached(waiting: dict[int, str], calls: dict[int, str], near: Collection[int]) -> list[int]:
+    """The ranks in a collective, and those of `near` (passing through their line:
+    passing()) at the very line where another rank waits in one: a stack read at that
+    moment caught them going in, or coming out with the collective's error (a peer gone)
+    as SIGTERM came. Neither is a rank that never reached the collective."""
     lines = {waiting[r] for r in waiting if calls.get(r)}
-    return sorted(r for r in waiting if calls.get(r) or (r in passing and waiting[r] in lines))
+    return sorted(r for r in waiting if calls.get(r) or (r in near and waiting[r] in lines))
 
 
 def rank_list(ranks: list[int]) -> str:

@@ -254,9 +254,10 @@ def stacks_size(run_dir: Path, rank: int) -> int:
 
 def stopped_at(state: RunState, rank_state: RankState) -> dict | None:
     """Where a rank that SIGTERM ended was, from the stacks it dumped then
-    (runfiles.ended_stacks_path): {"collective", "where", "source"}, the collective ""
-    when it was not inside a torch.distributed call (backward counts: DDP's gradient
-    all-reduce); None when it dumped none."""
+    (runfiles.ended_stacks_path): {"collective", "where", "source", "file", "line",
+    "passing"}, the collective "" when it was not inside a torch.distributed call
+    (backward counts: DDP's gradient all-reduce), "passing" whether it was passing through
+    its line (hang.passing); None when it dumped none."""
     path = runfiles.ended_stacks_path(state.run_dir, rank_state.rank)
     try:
         text = path.read_text(errors="replace")
