@@ -59,4 +59,10 @@ WRONG_FIXES = [
         base="starter",
         edits={"train.py": [(S_END, S_END + "    elif step % 4 == 0:\n"
                                             "        dist.all_reduce(loss.detach().clone())\n")]}),
+    WrongFix(
+        "the starter's all_reduce made asynchronous, so that rank 0 does not wait",
+        why="rank 0 alone still starts a collective the others never call (an audit, "
+            "2026-11-30: caught)",
+        base="starter",
+        edits={"train.py": [(REDUCE, "        dist.all_reduce(global_loss, async_op=True)  # no waiting\n")]}),
 ]

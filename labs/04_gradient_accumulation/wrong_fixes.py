@@ -98,4 +98,8 @@ WRONG_FIXES = [
             "(found by an audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [("        step_loss += loss.item()\n",
                              "        step_loss += loss.item() / args.accum\n")]}),
+    WrongFix(
+        "the loss divided by a hard-coded 4",
+        why="right at --accum 4 only (an audit, 2026-11-30: caught)",
+        edits={"train.py": [(SCALED, SCALED.replace("/ args.accum", "/ 4"))]}),
 ]

@@ -10,6 +10,7 @@ rank's), so a rank learns of a corrupt reading elsewhere only through a collecti
 
 import json
 import math
+import re
 
 from cases import case
 from labutils.grading import check
@@ -103,15 +104,17 @@ def _same_steps_skipped(c, run, nproc: int, expected: list[int]) -> None:
 
 
 def _number(value) -> int | None:
-    """57, 57.0, "57" and "train.py:57" all mean 57; anything else (None too) means no answer."""
+    """57, 57.0, "57", "train.py:57" and 'File "train.py", line 57 in <module>' (a frame as
+    the stacks show it) all mean 57; anything else (None too) means no answer."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    digits = str(value).rsplit(":", 1)[-1].strip()
-    return int(digits) if digits.isdigit() else None
+    found = re.fullmatch(r"(?:.*?(?::|\bline\b))?\s*(\d+)(?:\s+in\s+\S+)?", str(value).strip(),
+                         re.DOTALL)
+    return int(found[1]) if found else None
 
 
 def _answer(c) -> dict | str:

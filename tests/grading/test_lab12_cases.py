@@ -43,6 +43,16 @@ def test_a_student_id_always_gives_the_same_case_and_ids_spread_over_all(cases):
             cases.case(missing)
 
 
+def test_a_line_is_read_as_the_stacks_and_the_summaries_write_it(checks):
+    """`hung_line` as a number, a file:line, or a frame copied from the stacks (an audit's
+    correct answer, 'line 57', was read as none and lost its points)."""
+    for said in (57, 57.0, "57", "train.py:57", "line 57", " line 57 ",
+                 'File "original/train_v2.py", line 57 in <module>'):
+        assert checks._number(said) == 57, said
+    for said in (57.5, "fifty", None, True, "5 7", "", "line", "train.py"):
+        assert checks._number(said) is None, said
+
+
 def test_every_world_puts_its_one_corrupt_reading_on_a_rank_of_its_own(cases):
     from readings import _sensor_log  # the lab folder is on sys.path while `cases` lives
 
