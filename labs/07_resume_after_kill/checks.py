@@ -5,6 +5,8 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 """
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ from labutils.grading import check
 STEPS = 10
 KILL = {"rank": 1, "step": 5}
 BATCH = 8  # train.py's --batch-size, per rank
+CKPT = "checkpoint.pt"  # train.py's --ckpt, which the checks' runs leave as it is
 
 
 def _plain(c):
@@ -71,20 +74,30 @@ def _whole_files(c, killed, label: str) -> bool:
     checkpoint, or two ranks' writes mixed; that the checks' kills, which land between two
     saves, were survived says nothing. Records a failed part and returns False then."""
     files = killed.probe("files")
-    loaded = {call["file"] for seen in files.values() for call in seen["loads"]}
+    # The checkpoint: the files the resumed run loaded, and --ckpt's default, where the checks'
+    # runs keep it (a torch.load of bytes read first, io.BytesIO, names no file).
+    loaded = {call["file"] for seen in files.values() for call in seen["loads"]} | {CKPT}
     in_place = {rank: sorted(loaded & set(seen["writes"])) for rank, seen in files.items()}
     in_place = {rank: paths for rank, paths in sorted(in_place.items()) if paths}
     shared = killed.shared_writes()
-    if not in_place and not shared:
+    # A rename is atomic only within one file system: from another folder (the system's
+    # temporary one), os.replace fails there and shutil.move copies, writing in place.
+    afar = sorted(rank for rank, seen in files.items() if any(
+        dst in loaded and os.path.dirname(src) != os.path.dirname(dst) for src, dst in seen["renames"]))
+    if not in_place and not shared and not afar:
         return True
     measured = "; ".join(
-        [f"rank {rank} writes {', '.join(paths)} in place, the file the resumed run loaded"
+        [f"rank {rank} writes {', '.join(paths)} in place, the checkpoint the resumed run loads"
          for rank, paths in in_place.items()]
-        + [f"ranks {', '.join(map(str, ranks))} all write {path}" for path, ranks in shared.items()])
+        + [f"ranks {', '.join(map(str, ranks))} all write {path}" for path, ranks in shared.items()]
+        + [f"rank {rank} renames a file from another folder than the checkpoint's onto it: "
+           "across two file systems (the system's temporary folder is often one of its own) "
+           "os.replace fails and shutil.move copies, writing it in place" for rank in afar])
     return c.expect(False, label, measured=measured + " (a kill while it is written leaves a "
                     "broken checkpoint)",
                     expected="the checkpoint replaced whole, as train.py did: one rank writes a "
-                             "temporary file, then os.replace() puts it in the checkpoint's place")
+                             "temporary file beside it, then os.replace() puts it in the "
+                             "checkpoint's place")
 
 
 def _resumed_like_plain(c, plain, killed, fault: dict) -> None:

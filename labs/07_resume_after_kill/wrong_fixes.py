@@ -63,6 +63,43 @@ WRONG_FIXES = [
                             ('                    "step": step}, args.ckpt + ".tmp")\n'
                              '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
                              '                    "step": step}, args.ckpt)\n')]}),
+    WrongFix(
+        "torch.save straight onto the checkpoint, loaded through an open file",
+        why="not atomic: a kill while it saves leaves half a checkpoint; the load through a "
+            "file object named no file to the files probe (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('                    "step": step}, args.ckpt + ".tmp")\n'
+             '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
+             '                    "step": step}, args.ckpt)\n'),
+            ('    checkpoint = torch.load(args.ckpt, map_location=device)',
+             '    with open(args.ckpt, "rb") as f:\n'
+             '        checkpoint = torch.load(f, map_location=device)')]}),
+    WrongFix(
+        "torch.save straight onto the checkpoint, loaded from its bytes",
+        why="not atomic, as the one before; torch.load reads an io.BytesIO, so no file is seen "
+            "loaded (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('                    "step": step}, args.ckpt + ".tmp")\n'
+             '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
+             '                    "step": step}, args.ckpt)\n'),
+            ('    checkpoint = torch.load(args.ckpt, map_location=device)',
+             '    import io, pathlib\n'
+             '    checkpoint = torch.load(io.BytesIO(pathlib.Path(args.ckpt).read_bytes()), map_location=device)')]}),
+    WrongFix(
+        "the temporary file made by tempfile.mkstemp() in the system's folder, then shutil.move",
+        why="a rename is atomic only within one file system: with /tmp local and the "
+            "checkpoint on shared storage, shutil.move copies, writing the checkpoint in place "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),\n'
+             '                    "step": step}, args.ckpt + ".tmp")\n'
+             '        os.replace(args.ckpt + ".tmp", args.ckpt)\n',
+             '        import shutil, tempfile\n'
+             '        fd, tmp = tempfile.mkstemp()\n'
+             '        with os.fdopen(fd, "wb") as f:\n'
+             '            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),\n'
+             '                        "step": step}, f)\n'
+             '        shutil.move(tmp, args.ckpt)\n')]}),
 ]
 
 # Not here: every rank writing the checkpoint through the same temporary file. Lab 07's

@@ -47,6 +47,14 @@ def _removers(run) -> list[int]:
                   if CKPT in seen.get("removes", []))
 
 
+def _from_afar(run) -> list[int]:
+    """Ranks that rename a file from another folder than the checkpoint's (the system's
+    temporary folder) onto it. A rename is atomic only within one file system; across
+    two, os.replace fails and shutil.move copies, writing the file in place."""
+    return sorted(rank for rank, seen in run.probe("files").items() if any(
+        dst == CKPT and os.path.dirname(src) != os.path.dirname(CKPT) for src, dst in seen["renames"]))
+
+
 def _writers(run) -> list[int]:
     """Ranks that put something at the checkpoint's path: in place, or by renaming onto it."""
     return sorted(rank for rank, seen in run.probe("files").items()
@@ -83,7 +91,8 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
              f"step-{fault['step']} checkpoint, --max-restarts 1")
     killed = _killed(c, fault, nproc)
     in_place, shared, removers = _in_place(plain), plain.shared_writes(), _removers(plain)
-    if in_place or shared or removers:
+    afar = _from_afar(plain)
+    if in_place or shared or removers or afar:
         # A write in place leaves half a checkpoint when the writer is killed; two ranks
         # writing one file truncate each other's writes; removing the checkpoint before
         # renaming the new one onto its name leaves none in between. Whatever the
@@ -96,10 +105,14 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
                     + ", one file at the same time" if shared else
                     f"{_ranks(removers)} remove{'s' if len(removers) == 1 else ''} {CKPT} "
                     "before putting the new one in its place, so a kill in between leaves "
-                    "no checkpoint (os.replace replaces it in one step)")
+                    "no checkpoint (os.replace replaces it in one step)" if removers else
+                    f"{_ranks(afar)} rename{'s' if len(afar) == 1 else ''} a file from another "
+                    f"folder than {CKPT}'s onto it: a rename is atomic only within one file "
+                    "system (the system's temporary folder is often one of its own; across two, "
+                    f"os.replace fails and shutil.move copies, writing {CKPT} in place)")
         c.expect(False, label, measured=f"{measured} (this time: {this_time})",
-                 expected=f"{CKPT} only ever replaced by a complete file written by one rank, "
-                          "and the resumed run ending with the weights of an uninterrupted run")
+                 expected=f"{CKPT} only ever replaced by a complete file written by one rank "
+                          "beside it, and the resumed run ending with the weights of an uninterrupted run")
         return
     if killed.ok and killed.restarts == 0:
         c.expect(False, label,

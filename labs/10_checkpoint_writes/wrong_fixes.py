@@ -113,4 +113,19 @@ WRONG_FIXES = [
             ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
              "        write_checkpoint(",
              "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]}),
+    WrongFix(
+        "rank 0 writes a tempfile.mkstemp() file in the system's folder, then shutil.move",
+        why="a rename is atomic only within one file system: with /tmp local and the "
+            "checkpoint on shared storage, shutil.move copies, writing checkpoint.pt in place "
+            "(found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+             '    import shutil, tempfile\n'
+             '    fd, partial = tempfile.mkstemp(suffix=".partial")\n'
+             '    with os.fdopen(fd, "wb") as f:\n'),
+            ("    os.replace(partial, path)\n", "    shutil.move(partial, path)\n")]}),
 ]
+
+# Not here, as no CPU run can catch them: map_location="cuda:0" (or f"cuda:{rank}", the
+# global rank) when torch.cuda.is_available(), else "cpu". On a CPU machine both load onto
+# the CPU, which is right there; an audit (2026-11-30) found both scoring 1.000.

@@ -70,15 +70,20 @@ def _cut_short(folder: str, stop: int) -> str:
     step-{stop + 1} holding the ranks' files of the step-{stop} checkpoint (the .distcp
     files dcp.save writes first), and no .metadata (which it writes last), nor anything
     else. Once per directory (the resumed run finishes that folder if it saves there).
-    Returns what the folder holds, in words ('' when there is no step-{stop} folder to
-    take the files from: the checkpoints are named otherwise). A step number written with
-    leading zeros (step-000004) counts as step-{stop}, and the cut one is written so too."""
-    named = _step_folders(folder).get(stop)
-    if named is None:
+    Returns what the folder holds, in words ('' when there is no step-N folder to take
+    the files from). A step number written with leading zeros (step-000004) counts as
+    step-4, and the cut one is written so too. Checkpoints named otherwise than train.py
+    names them (step-3 after 4 steps) get theirs after the newest: one past its number (a
+    cut folder only where a step-{stop} folder is would leave them none, and a resume
+    that takes the newest folder, finished or not, would never meet one)."""
+    found = _step_folders(folder)
+    if not found:
         return ""
+    newest = stop if stop in found else max(found)
+    named = found[newest]
     digits = re.search(r"\d+$", named).group()
     done = os.path.join(folder, named)
-    cut = os.path.join(folder, named[:-len(digits)] + str(stop + 1).zfill(len(digits)))
+    cut = os.path.join(folder, named[:-len(digits)] + str(newest + 1).zfill(len(digits)))
     files = sorted(name for name in os.listdir(done) if name.endswith(".distcp"))
     if not os.path.exists(cut):
         os.makedirs(cut)

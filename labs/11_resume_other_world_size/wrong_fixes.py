@@ -142,4 +142,16 @@ WRONG_FIXES = [
             (NEWEST,
              '''    folder = os.path.join(args.ckpt_dir, "latest")
     return folder if os.path.exists(os.path.join(folder, DONE)) else None''')]}),
+    WrongFix(
+        "folders named by the last step's index (step-3 after 4 steps), the newest taken finished or not",
+        why="the 'no .metadata test' fix with folders numbered one lower: the checks' save cut "
+            "short needed a step-4 folder to copy, found none and left none, so the resume never "
+            "met an unfinished folder (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [
+            ('''    done = glob.glob(os.path.join(args.ckpt_dir, "step-*", DONE))
+    folders = [os.path.dirname(path) for path in done]
+''', '''    folders = glob.glob(os.path.join(args.ckpt_dir, "step-*"))
+'''),
+            ('    folder = os.path.join(args.ckpt_dir, f"step-{steps_done}")',
+             '    folder = os.path.join(args.ckpt_dir, f"step-{steps_done - 1}")  # the last step\'s index')]}),
 ]

@@ -334,6 +334,8 @@ FILES_SCRIPT = textwrap.dedent('''
     if rank == 1:
         with open("ckpt.pt", "rb") as f:
             torch.load(io.BytesIO(f.read()))  # its own load, from a buffer
+        with open("ckpt.pt", "rb") as f:
+            torch.load(f)  # from a file object: the file it was opened on
         import tempfile
         fd, _ = tempfile.mkstemp(suffix=".part", dir=".")  # os.open(): a write too
         with os.fdopen(fd, "wb") as f:
@@ -357,7 +359,9 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
     checkpoint removed before the new one is renamed onto its name leaves a gap). A file
     tempfile.mkstemp() or NamedTemporaryFile() opens (os.open) is a write too (every rank
     once wrote its own mkstemp file unseen, and only rank 0 renamed it onto lab 10's
-    checkpoint), and the folder NamedTemporaryFile() hands open() with its opener is not."""
+    checkpoint), and the folder NamedTemporaryFile() hands open() with its opener is not.
+    A load from a file object names the file it was opened on (lab 07's checkpoint saved in
+    place once went unseen, loaded through open())."""
     script = tmp_path / "script.py"
     script.write_text(FILES_SCRIPT)
     monkeypatch.chdir(tmp_path)  # the ranks' working directory: ckpt.pt goes there
@@ -367,7 +371,8 @@ def test_the_files_probe_records_the_scripts_own_loads_not_torchs(tmp_path, monk
     files = Run(label="script.py", result=result, learner_dir=tmp_path).probe("files")
     assert files[0]["loads"] == [{"file": "ckpt.pt", "map_location": "cpu", "devices": ["cpu"]},
                                  {"file": "ckpt.pt", "map_location": None, "devices": ["cpu"]}]
-    assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]}]
+    assert files[1]["loads"] == [{"file": "BytesIO", "map_location": None, "devices": ["cpu"]},
+                                 {"file": "ckpt.pt", "map_location": None, "devices": ["cpu"]}]
     assert files[0]["writes"] == ["ckpt.pt"]
     assert [os.path.splitext(path)[1] for path in files[1]["writes"]] == [".part", ".named"]
     assert files[0]["removes"] == ["ckpt.pt"] and files[1]["removes"] == []  # lab 10's gap

@@ -418,8 +418,12 @@ def _watch_files() -> dict:
             return original_load(*args, **kwargs)  # tensor broadcast_object_list sent, DCP
         bound = load_signature.bind_partial(*args, **kwargs).arguments
         file = bound.get("f")
+        # A file object opened on a path (torch.load(open(path, "rb"))) names that path: the
+        # file it was loaded from, as for a path given to torch.load itself.
+        name = getattr(file, "name", None) if not isinstance(file, (str, os.PathLike)) else file
         call = {
-            "file": _shown_path(file) if isinstance(file, (str, os.PathLike)) else type(file).__name__,
+            "file": _shown_path(os.fsdecode(name)) if isinstance(name, (str, bytes, os.PathLike))
+            else type(file).__name__,
             "map_location": _shown_location(bound.get("map_location")),
             "devices": [],
         }
