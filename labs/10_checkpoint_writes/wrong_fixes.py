@@ -11,8 +11,10 @@ LOAD = '''    checkpoint = torch.load(args.ckpt, map_location=device)
     optimizer.load_state_dict(checkpoint["optimizer"])
     start = checkpoint["step"] + 1  # the checkpoint is written after its step is done
 '''
+OPEN_PARTIAL = '    partial = path + ".partial"\n    with open(partial, "wb") as f:\n'
+REPLACE = "    os.replace(partial, path)\n"
 IN_PLACE = [('    partial = path + ".partial"\n', '    partial = path  # one writer: no race\n'),
-            ("    os.replace(partial, path)\n", "")]
+            (REPLACE, "")]
 
 WRONG_FIXES = [
     WrongFix(
@@ -61,7 +63,7 @@ WRONG_FIXES = [
         "removes the old checkpoint, then renames the temporary file onto its name",
         why="between os.remove and os.rename there is no checkpoint at all: a kill there "
             "restarts training from step 0 (os.replace replaces the file in one step)",
-        edits={"train.py": [("    os.replace(partial, path)\n",
+        edits={"train.py": [(REPLACE,
                              "    if os.path.exists(path):\n"
                              "        os.remove(path)  # rename refuses an existing file on Windows\n"
                              "    os.rename(partial, path)\n")]}),
@@ -74,7 +76,7 @@ WRONG_FIXES = [
         edits={"train.py": [
             ('    partial = path + ".partial"\n',
              '    partial = f"{path}.{rank}.partial"  # no two ranks share it\n'),
-            ("    os.replace(partial, path)\n",
+            (REPLACE,
              "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
             ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
              "        write_checkpoint(",
@@ -88,11 +90,11 @@ WRONG_FIXES = [
             "not beside the checkpoint; every rank still writes the whole checkpoint (found by an "
             "audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [
-            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+            (OPEN_PARTIAL,
              '    import tempfile\n'
              '    fd, partial = tempfile.mkstemp(suffix=".partial")  # a file of this rank\'s own\n'
              '    with os.fdopen(fd, "wb") as f:\n'),
-            ("    os.replace(partial, path)\n",
+            (REPLACE,
              "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
             ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
              "        write_checkpoint(",
@@ -104,11 +106,11 @@ WRONG_FIXES = [
             "tempfile.gettempdir() instead of beside the checkpoint, where the check looked "
             "(found by an audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [
-            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+            (OPEN_PARTIAL,
              '    import tempfile\n'
              '    partial = os.path.join(tempfile.gettempdir(), f"checkpoint-{rank}.partial")\n'
              '    with open(partial, "wb") as f:\n'),
-            ("    os.replace(partial, path)\n",
+            (REPLACE,
              "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
             ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
              "        write_checkpoint(",
@@ -119,11 +121,11 @@ WRONG_FIXES = [
             "checkpoint on shared storage, shutil.move copies, writing checkpoint.pt in place "
             "(found by an audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [
-            ('    partial = path + ".partial"\n    with open(partial, "wb") as f:\n',
+            (OPEN_PARTIAL,
              '    import shutil, tempfile\n'
              '    fd, partial = tempfile.mkstemp(suffix=".partial")\n'
              '    with os.fdopen(fd, "wb") as f:\n'),
-            ("    os.replace(partial, path)\n", "    shutil.move(partial, path)\n")]}),
+            (REPLACE, "    shutil.move(partial, path)\n")]}),
 ]
 
 # Not here, as no CPU run can catch them: map_location="cuda:0" (or f"cuda:{rank}", the
