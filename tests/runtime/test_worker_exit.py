@@ -92,6 +92,37 @@ def test_a_handler_the_script_left_cannot_raise_into_the_report(tmp_path):
             signal.signal(sig, handler)
 
 
+def test_a_handler_firing_while_the_exception_is_read_cannot_replace_it(tmp_path, monkeypatch):
+    """SIGCHLD came while the bootstrap read which exception was the script's (a 4-rank cold
+    run of the endings table's killed DataLoader worker): torch's handler raised there, and
+    the rank ended with no exception event. The handlers are off before it is read."""
+    import os
+    import signal
+
+    from labutils.runtime import worker
+
+    script = tmp_path / "dataloader_like.py"
+    script.write_text(
+        "import signal\n"
+        "def late(signum, frame):\n"
+        "    raise RuntimeError('DataLoader worker (pid 7) is killed by signal: Killed.')\n"
+        "signal.signal(signal.SIGCHLD, late)\n"
+        "raise ValueError('the script failed')\n")
+    read = worker.scripts_own_exception
+
+    def reading(exc, path):
+        os.kill(os.getpid(), signal.SIGCHLD)  # the script's worker died just now
+        return read(exc, path)
+
+    monkeypatch.setattr(worker, "scripts_own_exception", reading)
+    before = signal.getsignal(signal.SIGCHLD)
+    try:
+        raised = worker.run_script(str(script))
+        assert isinstance(raised, ValueError) and str(raised) == "the script failed"
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+
+
 def test_an_exception_a_handler_raised_whilescripts_own_exception_unwound_gives_way(tmp_path):
     """The handler's exception, raised outside the script's frames, has the script's
     own as its __context__: that one is reported, with the script's line."""

@@ -322,13 +322,16 @@ def run_script(script: str) -> BaseException | None:
     try:
         run_as_main(script)
     except BaseException as exc:  # noqa: BLE001 - every way the script can end
-        raised = scripts_own_exception(exc, script)
+        raised = exc
     while True:
         try:
             _script_handlers_off()
-            return raised
+            break
         except BaseException as late:  # noqa: BLE001 - a handler that fired meanwhile
             raised = raised or late
+    # only now: SIGCHLD once fired while the exception was read here (a 4-rank cold
+    # run of the endings table's DataLoader worker killed, named an exit, not its line)
+    return scripts_own_exception(raised, script) if raised is not None else None
 
 
 def run_as_main(script: str) -> None:
