@@ -13,6 +13,12 @@ LOAD = '''    checkpoint = torch.load(args.ckpt, map_location=device)
 '''
 OPEN_PARTIAL = '    partial = path + ".partial"\n    with open(partial, "wb") as f:\n'
 REPLACE = "    os.replace(partial, path)\n"
+# every rank writes its own temporary file, and rank 0 alone renames it onto the checkpoint
+RANK0_RENAMES = [
+    (REPLACE, "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
+    ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
+     "        write_checkpoint(",
+     "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]
 IN_PLACE = [('    partial = path + ".partial"\n', '    partial = path  # one writer: no race\n'),
             (REPLACE, "")]
 
@@ -94,11 +100,7 @@ WRONG_FIXES = [
              '    import tempfile\n'
              '    fd, partial = tempfile.mkstemp(suffix=".partial")  # a file of this rank\'s own\n'
              '    with os.fdopen(fd, "wb") as f:\n'),
-            (REPLACE,
-             "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
-            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
-             "        write_checkpoint(",
-             "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]}),
+            *RANK0_RENAMES]}),
     WrongFix(
         "every rank writes its own temporary file in the system's temporary folder, only rank 0 "
         "renames it onto checkpoint.pt",
@@ -110,11 +112,7 @@ WRONG_FIXES = [
              '    import tempfile\n'
              '    partial = os.path.join(tempfile.gettempdir(), f"checkpoint-{rank}.partial")\n'
              '    with open(partial, "wb") as f:\n'),
-            (REPLACE,
-             "    if rank == 0:  # one rank puts it in place\n        os.replace(partial, path)\n"),
-            ("    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n"
-             "        write_checkpoint(",
-             "    if True:  # every rank writes, rank 0 renames\n        write_checkpoint(")]}),
+            *RANK0_RENAMES]}),
     WrongFix(
         "rank 0 writes a tempfile.mkstemp() file in the system's folder, then shutil.move",
         why="a rename is atomic only within one file system: with /tmp local and the "
