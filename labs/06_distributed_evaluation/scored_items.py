@@ -5,9 +5,11 @@ The checks launch this file instead of evaluate.py (keep it as is)::
     scored_items.py -- evaluate.py --items 11
 
 It runs the script unchanged as ``__main__``, with one difference it cannot see:
-evalset.trained_model() returns the model with a forward hook that notes every item
-it is given, and evalset.held_out_set() notes each item's features, so an item is
-known by its features, whatever loader or sampler brought it. When the script ends
+evalset.trained_model() returns the model with forward hooks (on the model and on each
+of its layers) that note every item it is given, and evalset.held_out_set() notes each
+item's features, so an item is known by its features (in float32, whatever dtype it
+was cast to), whatever loader or sampler brought it, and whichever way it reached
+the model. When the script ends
 well, each rank reports the indices of the items its model scored, as a record of the
 grader's probe (probe="scored") that the script cannot write: what the checks compare,
 rather than what the script says it did.
@@ -15,6 +17,11 @@ rather than what the script says it did.
 
 import os
 import sys
+
+
+def _key(row) -> bytes:
+    """An item's features as raw float32 bytes: a cast to float64 and back is exact."""
+    return row.float().numpy().tobytes()
 
 
 def main(argv: list[str]) -> None:
@@ -27,6 +34,7 @@ def main(argv: list[str]) -> None:
     # the learner's folder, not the lab's, is the script's first import path
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     import evalset
+    import torch
 
     index_of: dict[bytes, int] = {}   # an item's features (raw bytes) -> its index
     scored: set[int] = set()
@@ -34,16 +42,23 @@ def main(argv: list[str]) -> None:
 
     def noted_set(*args, **kwargs):
         dataset = held_out_set(*args, **kwargs)
-        index_of.update({row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])})
+        index_of.update({_key(row): i for i, row in enumerate(dataset.tensors[0])})
         return dataset
 
-    def note(model, inputs):
+    def note(model, inputs, known_only=False):
+        if not inputs or not isinstance(inputs[0], torch.Tensor) or not inputs[0].dim():
+            return
         rows = inputs[0].detach().cpu().reshape(-1, inputs[0].shape[-1])
-        scored.update(index_of.get(row.numpy().tobytes(), -1) for row in rows)
+        found = (index_of.get(_key(row), -1) for row in rows)
+        scored.update(i for i in found if i >= 0 or not known_only)
 
     def noted_model():
         model = trained_model()
         model.register_forward_pre_hook(note)
+        # the layers too: model.forward(x), or a layer called on its own, skips the
+        # model's hook; their inputs other than items (hidden features) are not noted
+        for layer in list(model.modules())[1:]:
+            layer.register_forward_pre_hook(lambda m, inputs: note(m, inputs, known_only=True))
         return model
 
     # the script's `from evalset import ...` runs later and gets these

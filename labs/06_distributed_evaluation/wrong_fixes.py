@@ -51,6 +51,33 @@ WRONG_FIXES = [
         edits={"evaluate.py": [("Subset(dataset, range(rank, len(dataset), world_size))",
                                 "dataset if rank == 0 else Subset(dataset, [])")]}),
     WrongFix(
+        "padded shares kept, and rank 0 scores the whole set again with model.forward",
+        why="one process's metric, computed by rank 0 on every item, with the ranks' padded "
+            "shares run for show: model.forward(x) skips the model's own hooks, but not its "
+            "layers', which see every item too (found by an audit, 2026-11-30: it scored 1.000 "
+            "when only the model's hook noted the items)",
+        base="starter",
+        edits={"evaluate.py": [("if rank == 0:\n    report(accuracy=accuracy, predictions=counted.item())",
+            "if rank == 0:  # one process's number, on the whole set\n"
+            "    with torch.no_grad():\n"
+            "        hits = model.forward(dataset.tensors[0]).argmax(dim=1) == dataset.tensors[1]\n"
+            "    accuracy = hits.float().mean().item()\n"
+            "    report(accuracy=accuracy, predictions=len(dataset))")]}),
+    WrongFix(
+        "rank 0 scores every item in float64, the other ranks their shares",
+        why="rank 0 does the whole evaluation alone; cast to float64, its items no longer "
+            "matched the features the harness knew them by, and counted as one unknown item "
+            "(found by an audit, 2026-11-30: it scored 1.000 when items were known by their "
+            "bytes as given)",
+        edits={"evaluate.py": [
+            ("loader = DataLoader(Subset(dataset, range(rank, len(dataset), world_size)),",
+             "loader = DataLoader(Subset(dataset, [] if rank == 0 else range(rank, len(dataset), world_size)),"),
+            ("if rank == 0:\n    report(accuracy=accuracy, predictions=counted.item())",
+             "if rank == 0:  # exact, in float64\n"
+             "    with torch.no_grad():\n"
+             "        hits = model.double()(dataset.tensors[0].double()).argmax(dim=1) == dataset.tensors[1]\n"
+             "    report(accuracy=hits.double().mean().item(), predictions=len(dataset))")]}),
+    WrongFix(
         "drop_last=True: the padding goes, and real items with it",
         why="DistributedSampler(drop_last=True) trims the shares to equal length: 11 items "
             "at 2 ranks score 10",

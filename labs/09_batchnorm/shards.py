@@ -19,15 +19,18 @@ def shard_batch(step: int, *, rank: int, size: int,
     """Rank `rank`'s batch at `step`, from its own shard of the data. The shards differ:
     rank r's features are scaled by 1 + r and shifted by 2r (think of one shard per
     country, sensor or day). In a distributed run, only this process's own rank."""
-    if dist.is_initialized() and rank != dist.get_rank():
+    return _shard(step, rank=rank, size=size, seed=seed)
+
+
+HELD_OUT_STEP = 10_000   # held_out()'s items, which every rank may read
+
+
+def _shard(step: int, *, rank: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if dist.is_initialized() and rank != dist.get_rank() and step != HELD_OUT_STEP:
         raise PermissionError(
             f"rank {dist.get_rank()} asked for the shard of rank {rank}: each rank reads only "
             "its own shard. Call shard_batch(step, rank=rank, ...) with this process's own "
             "rank; what the other ranks' items are, it can learn only through a collective")
-    return _shard(step, rank=rank, size=size, seed=seed)
-
-
-def _shard(step: int, *, rank: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1_000_003 * seed + 1000 * step + rank)
     x = torch.randn(size, FEATURES, generator=g) * (1 + rank) + 2 * rank
     y = (x[:, :3].sum(dim=1, keepdim=True) - x[:, 3:].sum(dim=1, keepdim=True)).tanh()
@@ -44,7 +47,7 @@ def global_batch(step: int, *, world_size: int, size: int,
 
 def held_out(world_size: int, *, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """Held-out items from every shard, the same on every rank."""
-    parts = [_shard(10_000, rank=rank, size=size, seed=0) for rank in range(world_size)]
+    parts = [_shard(HELD_OUT_STEP, rank=rank, size=size, seed=0) for rank in range(world_size)]
     return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
 

@@ -87,6 +87,19 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
                              "        n = torch.tensor(float(full.shape[0]))\n"
                              "        var, mean = torch.var_mean(full, 0, unbiased=False)\n")]}),
     WrongFix(
+        "no collective: each rank rebuilds the other ranks' batches with shards' private _shard",
+        why="the same numbers as the reference, with every rank reading every shard and no "
+            "rank learning anything from another: _shard refuses another rank's training items "
+            "in a distributed run too (found by an audit, 2026-11-30: it scored 1.000 when only "
+            "shard_batch and global_batch refused)",
+        edits={"train.py": [(STATS,
+                             "        from shards import _shard\n"
+                             "        gx = torch.cat([_shard(step, rank=r, size=args.batch_size, "
+                             "seed=args.seed)[0] for r in range(world_size)])\n"
+                             "        full = model.module[0](gx.to(x.device))\n"
+                             "        n = torch.tensor(float(full.shape[0]))\n"
+                             "        var, mean = torch.var_mean(full, 0, unbiased=False)\n")]}),
+    WrongFix(
         "hard-codes the notebook's 8 items per rank in the global count",
         why="right at --batch-size 8, the public case; with 5 items a rank (the hidden case) "
             "the mean and variance are divided by the wrong count: identical on every rank, "
