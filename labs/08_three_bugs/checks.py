@@ -92,6 +92,30 @@ def _data_parts(c, run, nproc: int, case: dict) -> None:
              expected="a different order of items in every epoch, on every rank")
 
 
+def _same_order_part(c, run, again, nproc: int) -> None:
+    """One part: a second run of the same case trains each rank on the same items in the
+    same order, step by step: the order comes from --seed, not from the clock or the
+    process (a sampler seeded with the time agrees across ranks started within one
+    second, and covers the data in that run)."""
+    first = {step: ranks for step, (_, ranks) in _batches(run).items()}
+    second = {step: ranks for step, (_, ranks) in _batches(again).items()}
+    differ = [step for step in sorted(set(first) | set(second))
+              if first.get(step) != second.get(step)]
+    where = ""
+    if differ:
+        one, other = first.get(differ[0], {}), second.get(differ[0], {})
+        rank = next(r for r in sorted(set(one) | set(other)) if one.get(r) != other.get(r))
+        where = (f"step {differ[0]}, rank {rank}: items {one.get(rank)} in one run, "
+                 f"{other.get(rank)} in the other")
+    c.expect(not differ, f"{nproc} ranks: the same --seed, the same items in the same order "
+             "in a second run",
+             measured=(f"{len(differ)} of {len(first)} steps differ; first at {where}" if differ
+                       else "the same items at every step"),
+             expected="two runs with the same --seed train each rank on the same items at each "
+                      "step: the permutation comes from --seed, the same on every rank and in "
+                      "every run")
+
+
 def _weights_part(c, run, nproc: int, case: dict) -> None:
     """One part: the final weights equal one process taking the same steps, batch by batch."""
     steps = _batches(run)

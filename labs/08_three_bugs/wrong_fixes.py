@@ -33,6 +33,14 @@ WRONG_FIXES = [
                         "    loader = DataLoader(Subset(dataset, perm[rank::world_size].tolist()),\n"
                         "                        batch_size=args.batch_size)\n")]}),
     WrongFix(
+        "DistributedSampler seeded with the time, for a fresh order every run",
+        why="the ranks agree only when they build their samplers within the same second, and "
+            "--seed no longer decides the data: a second run of the same case trains on "
+            "other items (found by an audit, 2026-11-30: it scored 1.000 in nearly every "
+            "grading)",
+        edits={"train.py": [("import argparse\n", "import argparse\nimport time\n"),
+                            (SAMPLER, SAMPLER.replace("seed=args.seed", "seed=int(time.time())"))]}),
+    WrongFix(
         "DataLoader(drop_last=True), to keep the batches even",
         why="each rank's short last batch is never trained on (found by an audit, 2026-11-29: "
             "it scored 1.000 when no case had a short batch)",
