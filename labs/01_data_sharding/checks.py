@@ -22,9 +22,9 @@ EPOCHS = 3
 BATCH = 5   # divides no rank's share at 2, 3 or 4 ranks: each epoch ends on a short batch
 
 
-def _run(c, nproc, *, seed=0, items=ITEMS):
-    return c.run("train.py", nproc, args=["--epochs", EPOCHS, "--items", items, "--batch-size",
-                                          BATCH, "--seed", seed], measure=["weights"])
+def _run(c, nproc, *, seed=0, items=ITEMS, epochs=EPOCHS, repeat=0):
+    return c.run("train.py", nproc, args=["--epochs", epochs, "--items", items, "--batch-size",
+                                          BATCH, "--seed", seed], measure=["weights"], repeat=repeat)
 
 
 def _epochs(run):
@@ -51,13 +51,13 @@ def _reference_weights(batches: list[list[int]], *, seed: int, items: int = ITEM
     return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
 
 
-def _trained_on(c, run, nproc: int, *, seed: int = 0, items: int = ITEMS):
+def _trained_on(c, run, nproc: int, *, seed: int = 0, items: int = ITEMS, count: int = EPOCHS):
     """The reported shares (as _epochs) when the weights show they are what the ranks
     trained on; else None, with a failed part saying why."""
     epochs = _epochs(run)
     label = f"{nproc} ranks: the items reported are the items trained on"
     batches, odd = [], []
-    for epoch in range(EPOCHS):
+    for epoch in range(count):
         shares = [epochs.get(epoch, {}).get(r) for r in range(nproc)]
         if any(s is None for s in shares) or len({len(s) for s in shares}) != 1:
             odd.append(f"epoch {epoch}: shares of {[len(s) if s else 0 for s in shares]} items")
@@ -82,13 +82,13 @@ def _trained_on(c, run, nproc: int, *, seed: int = 0, items: int = ITEMS):
     return epochs
 
 
-def _cover_part(c, epochs, nproc: int, label: str, items: int = ITEMS) -> None:
+def _cover_part(c, epochs, nproc: int, label: str, items: int = ITEMS, count: int = EPOCHS) -> None:
     """One part: each epoch the ranks' shares are disjoint and cover every item; where the
     ranks do not divide the items, each rank takes as many, so a few items come twice
     (DistributedSampler's padding), no more."""
     padding = -items % nproc
     problems = []
-    for epoch in range(EPOCHS):
+    for epoch in range(count):
         counts = Counter(i for indices in epochs.get(epoch, {}).values() for i in indices)
         twice = sum(1 for n in counts.values() if n > 1)
         never = items - len(counts)
@@ -103,15 +103,15 @@ def _cover_part(c, epochs, nproc: int, label: str, items: int = ITEMS) -> None:
              + ("" if not padding else f" ({nproc} equal shares repeat {padding})"))
 
 
-def _order_part(c, epochs, nproc: int, label: str) -> None:
+def _order_part(c, epochs, nproc: int, label: str, count: int = EPOCHS) -> None:
     """One part: no rank repeats the order of an earlier epoch."""
     repeats = []
     for rank in range(nproc):
-        orders = [tuple(epochs.get(e, {}).get(rank, ())) for e in range(EPOCHS)]
-        same = sum(1 for e in range(1, EPOCHS) if orders[e] in orders[:e])
+        orders = [tuple(epochs.get(e, {}).get(rank, ())) for e in range(count)]
+        same = sum(1 for e in range(1, count) if orders[e] in orders[:e])
         if same:
             repeats.append(f"rank {rank} repeated an earlier epoch's order {same} time(s)")
-    c.expect(not repeats, f"{label}: a new order in each of {EPOCHS} epochs",
+    c.expect(not repeats, f"{label}: a new order in each of {count} epochs",
              measured="; ".join(repeats) or "every epoch in a new order",
              expected="a different order of items in every epoch, on every rank")
 

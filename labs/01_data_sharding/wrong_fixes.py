@@ -67,6 +67,20 @@ WRONG_FIXES = [
         why="each epoch differs from the one before, but epoch 2 repeats epoch 0's order "
             "(found by an audit, 2026-11-30: it scored 1.000)",
         edits={"train.py": [(SET_EPOCH, "    sampler.set_epoch(epoch % 2)\n")]}),
+    WrongFix(
+        "DistributedSampler seeded with the time, for a fresh order every run",
+        why="the ranks agree only when they build their samplers within the same second, and "
+            "--seed no longer decides the data: a second run of the same case trains on "
+            "other items (found by an audit, 2026-11-30: it scored 1.000 in nearly every "
+            "grading)",
+        edits={"train.py": [("import argparse\n", "import argparse\nimport time\n"),
+                            (SAMPLER, SAMPLER.replace("seed=args.seed", "seed=int(time.time())"))]}),
+    WrongFix(
+        "set_epoch(epoch % 3): three permutations, taken in turn",
+        why="every run of 3 epochs has a new order each epoch, but the fourth repeats the "
+            "first's: right only at the number of epochs the public checks run "
+            "(found by an audit, 2026-11-30: it scored 1.000 when every run had 3 epochs)",
+        edits={"train.py": [(SET_EPOCH, "    sampler.set_epoch(epoch % 3)\n")]}),
 ]
 
 # Not here: deleting the sampler's seed argument (every rank then uses DistributedSampler's

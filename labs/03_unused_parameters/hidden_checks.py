@@ -3,7 +3,9 @@ measured in cases the public checks do not show: the weights at 3 ranks against 
 process on the same 12 items a step (a required check: gradients summed and divided by
 a hard-coded 2 are right at 2 ranks only); 4 ranks with the auxiliary loss on, where the
 auxiliary head must still train (a required check: a fix that freezes the head for
-good loses only its points, and would pass the lab without it)."""
+good loses only its points, and would pass the lab without it), and the ranks keep
+identical weights, those of one process (required too: a head DDP leaves out trains on
+each rank's batch alone)."""
 
 from checks import AUX_HEAD, BATCH, OFF, _own_batches, _run, _same_weights, _weights
 
@@ -54,8 +56,12 @@ def the_auxiliary_head_trains_at_4(c):
                       "loss: different under another weight of it")
 
 
+# Required: a head that trains but that DDP leaves out (its parameters ignored, or a module
+# of its own beside the DDP model) trains on each rank's own batch: the ranks drift apart
+# under the auxiliary loss, and only this check runs it on more than one rank.
 @check(f"At 4 ranks with --aux-weight {AUX_WEIGHT}: the weights are identical on every rank "
-       "and equal one process on the whole batch", points=1, visibility="after_published")
+       "and equal one process on the whole batch", points=1, visibility="after_published",
+       required=True)
 def with_the_auxiliary_loss_at_4(c):
     nproc, args, label = 4, AUX_ARGS, AUX_LABEL
     run = _run(c, nproc, args=args)

@@ -125,4 +125,14 @@ WRONG_FIXES = [
         base="starter",
         edits={"train.py": [('parser.add_argument("--aux-weight", type=float, default=0.0)',
                              'parser.add_argument("--aux-weight", type=float, default=1e-8)')]}),
+    WrongFix(
+        "aux_head's parameters ignored by DDP, whether the auxiliary loss is on or off",
+        why="no error and the default run is right, but with --aux-weight on, aux_head trains "
+            "on each rank's batch alone (DDP averages no gradient of it): the ranks drift "
+            "apart, and their weights are not one process's "
+            "(found by an audit, 2026-11-30: it scored 0.929)",
+        edits={"train.py": [(DDP_LINE,
+            "net = TwoHeadNet().to(device)\n"
+            "DDP._set_params_and_buffers_to_ignore_for_model(net, [\"aux_head.weight\", \"aux_head.bias\"])\n"
+            "model = DDP(net)  # DDP expects no gradient from aux_head")]}),
 ]

@@ -33,8 +33,7 @@ def other_sizes(c):
     if not c.completed(run, label):
         return
     _sums_in_place(c, run, NPROC, SIZES, f"{label}: results")
-    _bytes_sent(c, _traffic(run, SIZES), NPROC, max(SIZES),
-                f"{NPROC} ranks, {max(SIZES)} elements: bytes sent")
+    _bytes_sent(c, _traffic(run, SIZES), NPROC, SIZES, f"{label}: bytes sent")
 
 
 # Required: dist.all_reduce takes a tensor of any dtype; a ring that makes its buffers
@@ -51,6 +50,5 @@ def float64_tensors(c):
     if not c.completed(run, label):
         return
     _sums_in_place(c, run, nproc, FLOAT64_SIZES, f"{label}: results")
-    size = max(FLOAT64_SIZES)
-    _bytes_sent(c, _traffic(run, FLOAT64_SIZES, dtype="float64"), nproc, size,
-                f"3 ranks, float64, {size} elements: bytes sent", dtype="float64")
+    _bytes_sent(c, _traffic(run, FLOAT64_SIZES, dtype="float64"), nproc, FLOAT64_SIZES,
+                f"{label}: bytes sent", dtype="float64")

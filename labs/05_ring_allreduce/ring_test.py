@@ -7,8 +7,9 @@ It tests the ring.py of the current folder (or the one --ring names), on tensors
 --dtype (float32 unless told).
 
 For each size, every rank reports report(size=..., max_error=..., in_place=..., returned=...,
-bytes_sent=..., collectives=[...]): the largest difference from dist.all_reduce,
-whether the input tensor itself holds the sum, the bytes this rank sent inside
+bytes_sent=..., collectives=[...], same_memory=...): the largest difference from
+dist.all_reduce, whether the input tensor itself holds the sum (in its own memory:
+same_memory says whether the ring kept it), the bytes this rank sent inside
 ring_all_reduce, and any library collective it called (both counted at the process
 group, labutils.grading.probe.count_traffic: the names of the ProcessGroup's methods,
 allreduce for dist.all_reduce).
@@ -45,11 +46,15 @@ for size in [int(s) for s in args.sizes.split(",")]:
     expected = data.clone()
     dist.all_reduce(expected)
     mine = data.clone()
+    memory = mine.view_as(mine)  # the input's memory, as a view: an in-place sum shows in it
     before = len(traffic)
     returned = ring_all_reduce(mine)
     sent = sum(n for name, n, _ in traffic[before:] if name == "send")
     collectives = [name for name, _, _ in traffic[before:] if name not in POINT_TO_POINT]
-    error = (mine - expected).abs().max().item()
+    # the error of the input tensor, or of its own memory where the ring gave it other
+    # memory (tensor.data = ..., set_()): views of the input would not see that sum
+    error = max((mine - expected).abs().max().item(), (memory - expected).abs().max().item())
+    same_memory = mine.data_ptr() == memory.data_ptr()
     if returned is mine:
         what = "the input"
     elif isinstance(returned, torch.Tensor) and returned.shape == expected.shape:
@@ -58,6 +63,6 @@ for size in [int(s) for s in args.sizes.split(",")]:
     else:
         what = repr(returned)[:40]  # None, a Work, ...
     report(size=size, max_error=error, in_place=returned is mine, returned=what, bytes_sent=sent,
-           collectives=collectives)
+           collectives=collectives, same_memory=same_memory)
     print0(f"size {size}: max error {error:.2e}, rank 0 sent {sent} bytes "
            f"({sent / (data.element_size() * size):.2f} x the tensor)")

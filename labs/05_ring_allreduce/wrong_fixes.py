@@ -131,4 +131,31 @@ WRONG_FIXES = [
                                     "    chunks = flat.tensor_split(world)\n"),
                            (TAIL, "        _exchange(send, recv, right, left)\n"
                                   "    tensor.copy_(flat.view_as(tensor))\n    return tensor\n")]}),
+    WrongFix(
+        "the naive ring for tensors under 256 elements, the chunked ring from there",
+        why="right sums, point-to-point between neighbours, and 2(n-1)/n of the largest "
+            "tensor, but each small tensor travels whole, n-1 times: 14 elements of a "
+            "7-element tensor at 3 ranks, not 9 or 10 "
+            "(found by an audit, 2026-11-30: it scored 1.000 when only the largest size's "
+            "bytes were counted)",
+        edits={"ring.py": [(CHUNKS, '''    if tensor.numel() < 256:  # small: not worth cutting into chunks
+        passing = tensor.clone()
+        for _ in range(world - 1):
+            incoming = torch.empty_like(passing)
+            _exchange(passing, incoming, right, left)
+            tensor += incoming
+            passing = incoming
+        return tensor
+''' + CHUNKS)]}),
+    WrongFix(
+        "sums a flat copy, then gives the input its memory: tensor.data = copy",
+        why="the input tensor object holds the sum and is returned, but its own memory, which "
+            "every view of it shares (a gradient bucket's view, a slice), still holds the "
+            "rank's values: not in place as dist.all_reduce is "
+            "(found by an audit, 2026-11-30: it scored 1.000; set_() does the same)",
+        edits={"ring.py": [(CHUNKS, "    flat = tensor.detach().clone().view(-1)\n"
+                                    "    chunks = flat.tensor_split(world)\n"),
+                           (TAIL, "        _exchange(send, recv, right, left)\n"
+                                  "    tensor.data = flat.view_as(tensor)  # the sum, in the input\n"
+                                  "    return tensor\n")]}),
 ]

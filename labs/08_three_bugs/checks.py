@@ -29,8 +29,8 @@ def _args(case: dict) -> list:
             case["batch_size"], "--lr", case["lr"], "--seed", case["seed"], "--ckpt", CKPT]
 
 
-def _run(c, nproc, case=CASE):
-    return c.run("train.py", nproc, args=_args(case), measure=["weights", "data"])
+def _run(c, nproc, case=CASE, repeat=0):
+    return c.run("train.py", nproc, args=_args(case), measure=["weights", "data"], repeat=repeat)
 
 
 def _batches(run) -> dict:

@@ -11,7 +11,7 @@ required: each one's points alone (1 of 15) are fewer than the pass mark leaves 
 a fix right only in the public checks' case (a plain model made without --seed, the
 learning rate written as 0.1, the checkpoint saved after a third epoch) would pass."""
 
-from checks import _args, _checkpoint_part, _data_parts, _run, _same_order_part, _weights_part
+from checks import _checkpoint_part, _data_parts, _run, _same_order_part, _weights_part
 
 from labutils.grading import check
 
@@ -25,8 +25,7 @@ def data_sharding_elsewhere(c):
     run = _run(c, NPROC, OTHER)
     if c.completed(run, f"{NPROC} ranks", weight=2):
         _data_parts(c, run, NPROC, OTHER)
-        # the same case once more (the data probe alone: a run of its own), seconds later
-        again = c.run("train.py", NPROC, args=_args(OTHER), measure=["data"])
+        again = _run(c, NPROC, OTHER, repeat=1)  # the same case once more, seconds later
         if c.completed(again, f"{NPROC} ranks, the same case again"):
             _same_order_part(c, run, again, NPROC)
 

@@ -129,6 +129,30 @@ def test_completed_records_why_not(tmp_path):
     assert checker.parts[-1].measured == "finished after 1 restart(s)"
 
 
+def test_a_repeated_launch_is_a_run_of_its_own_and_cached_as_one(tmp_path, monkeypatch):
+    """Checks share one run of a launch; repeat=1 is a second run of the same launch (two
+    runs with the same --seed compared), shared in turn by the checks that ask for it."""
+    checker = Checker(tmp_path, tmp_path, tmp_path / "scratch")
+    launched = []
+
+    def fake_launch(path, nproc, args, measure, fault, max_restarts, timeout, hang_timeout, label):
+        launched.append(label)
+        return Run(label=label, result=_result("ok"), learner_dir=tmp_path)
+
+    monkeypatch.setattr(checker, "_launch", fake_launch)
+    args = ["--seed", 5]
+    first = checker.run("train.py", 3, args=args, measure=["weights"])
+    assert checker.run("train.py", 3, args=args, measure=["weights"]) is first
+    again = checker.run("train.py", 3, args=args, measure=["weights"], repeat=1)
+    assert again is not first
+    assert checker.run("train.py", 3, args=args, measure=["weights"], repeat=1) is again
+    assert launched == ["train.py on 3 ranks --seed 5",
+                        "train.py on 3 ranks --seed 5 (run 2 of the same)"]
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="repeat must be a whole number >= 0"):
+            checker.run("train.py", 3, args=args, repeat=bad)
+
+
 # ----------------------------------------------------------------- notebooks
 
 def _nb(*cells):

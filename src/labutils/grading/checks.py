@@ -341,6 +341,7 @@ class Checker:
         max_restarts: int = 0,
         timeout: float = DEFAULT_RUN_TIMEOUT,
         hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+        repeat: int = 0,
     ) -> Run:
         """Launch a script on nproc ranks in a fresh working directory; cached.
 
@@ -361,16 +362,24 @@ class Checker:
             max_restarts: torchrun restarts allowed (>= 1 with fault).
             timeout: wall-clock limit of this run in seconds.
             hang_timeout: seconds without progress before the run counts as hung.
+            repeat: 0 for the launch's run that every check shares; 1, 2, ...: the same
+                launch run again, later and apart, for a check that compares runs (two
+                runs with the same --seed train on the same data).
         """
         path = script if isinstance(script, Path) else self.learner_file(str(script))
         args = [str(a) for a in args]
         measure = tuple(sorted(measure))
-        family = json.dumps([str(path), args, measure, fault, max_restarts])
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 0:
+            raise ValueError(f"repeat must be a whole number >= 0, got {repeat!r}")
+        family = json.dumps([str(path), args, measure, fault, max_restarts]
+                            + ([repeat] if repeat else []))
         if (family, nproc) in self.cache:
             return self.cache[family, nproc]
         label = f"{path.name} on {nproc} rank{'s' if nproc > 1 else ''}"
         if args:
             label += " " + " ".join(args)
+        if repeat:
+            label += f" (run {repeat + 1} of the same)"
         # World sizes are tried smallest first; a script that crashed or hung at fewer
         # ranks is not launched again at more (it saves a hang timeout per world size).
         broken = [(n, run) for (f, n), run in self.cache.items()
