@@ -73,21 +73,41 @@ def _period_s(worker: dict) -> float:
     return worker["wall_s"] / max(worker["gradients"], 1)
 
 
+def _staleness(p: dict) -> dict[int, tuple[list[int], float, float]]:
+    """Per worker of an async phase: the staleness of each of its updates, its time per
+    gradient, and its mean staleness predicted from the workers' speeds alone."""
+    s = p["server"]
+    periods = {rank: _period_s(w) for rank, w in p["workers"].items()}
+    return {rank: ([st for w, st in zip(s["worker"], s["staleness"]) if w == rank], periods[rank],
+                   sum(periods[rank] / periods[other] for other in periods if other != rank))
+            for rank in sorted(p["workers"])}
+
+
 def staleness_table(run, phase: int) -> str:
     """Per worker: gradients pushed, time per gradient, staleness (mean, median, max)
     and the mean predicted from the workers' speeds alone."""
     p = phases(run)[phase]
-    s = p["server"]
-    periods = {rank: _period_s(w) for rank, w in p["workers"].items()}
     rows = []
-    for rank in sorted(p["workers"]):
-        mine = [st for w, st in zip(s["worker"], s["staleness"]) if w == rank]
-        predicted = sum(periods[rank] / periods[other] for other in periods if other != rank)
-        rows.append([_worker_name(p, rank), len(mine), f"{1000 * periods[rank]:.1f}",
+    for rank, (mine, period, predicted) in _staleness(p).items():
+        rows.append([_worker_name(p, rank), len(mine), f"{1000 * period:.1f}",
                      f"{statistics.mean(mine):.2f}", statistics.median(mine), max(mine),
                      f"{predicted:.2f}"])
     return text_table(["worker", "gradients", "ms per gradient", "staleness mean", "median", "max",
                        "predicted mean"], rows)
+
+
+def staleness_claims(run, phase: int) -> str:
+    """Section 4's claims, read from an async phase with a slow worker: the speeds predict
+    each worker's mean staleness, and the slow worker's gradients are the stalest."""
+    p = phases(run)[phase]
+    per = _staleness(p)
+    means = {rank: statistics.mean(mine) for rank, (mine, _, _) in per.items()}
+    slow = p["slow_rank"]
+    return "\n".join([
+        "every worker's mean staleness is within 20% of the one predicted from the speeds: "
+        f"{all(abs(means[r] - predicted) <= 0.2 * predicted for r, (_, _, predicted) in per.items())}",
+        f"the slow worker's gradients are the stalest: {all(means[slow] > means[r] for r in means if r != slow)}",
+    ])
 
 
 def plot_staleness(run, phase: int):
@@ -135,6 +155,45 @@ def convergence_table(run, which: list[int] | None = None, *, target: float = TA
                      "never" if u is None else u, "never" if t is None else f"{t:.2f}"])
     return text_table(["phase", "updates", "gradients", "seconds", "final loss",
                        f"updates to {target:g}", f"seconds to {target:g}"], rows)
+
+
+def _diverged(curve: dict) -> bool:
+    final = _loss(curve["loss"][-1])
+    return not (math.isfinite(final) and final < 1e3)
+
+
+def _by_label(run) -> dict[str, dict]:
+    return {p["label"]: p for p in phases(run)}
+
+
+def convergence_claims(run, lr: float, *, target: float = TARGET_LOSS) -> str:
+    """Sections 5 and 6's claims, read from the run with a slow worker, at learning rate
+    0.1 (synchronous and asynchronous both train; the server gets through the gradients
+    in a fraction of DDP's time and reaches the target sooner) or 0.5 (DDP trains, the
+    server diverges, the staleness-aware step trains, in more updates than DDP)."""
+    every = _by_label(run)
+    sync, async_ = every[f"sync DDP, lr {lr:g}"], every[f"async PS, lr {lr:g}"]
+    s_updates, s_t = _first_reach(sync["curve"], target)
+    a_updates, a_t = _first_reach(async_["curve"], target)
+    if lr == 0.5:
+        aware = every[f"async PS, staleness-aware, lr {lr:g}"]
+        w_updates, _ = _first_reach(aware["curve"], target)
+        return "\n".join([
+            f"synchronous DDP reaches a loss of {target:g}: {s_updates is not None}",
+            f"the parameter server diverges: {_diverged(async_['curve'])}",
+            f"the staleness-aware step reaches {target:g}: {w_updates is not None}",
+            "... in more updates than DDP takes (one gradient each against three): "
+            f"{None not in (s_updates, w_updates) and w_updates > s_updates}",
+        ])
+    both = None not in (s_updates, a_updates)
+    return "\n".join([
+        "the parameter server gets through the same gradients in at most 0.6 of DDP's time: "
+        f"{async_['curve']['wall_s'] <= 0.6 * sync['curve']['wall_s']}",
+        f"both reach a loss of {target:g}: {both}",
+        f"... in about as many updates (within a factor of 1.5): "
+        f"{both and max(s_updates, a_updates) <= 1.5 * min(s_updates, a_updates)}",
+        f"... the parameter server sooner in seconds: {both and a_t < s_t}",
+    ])
 
 
 def plot_convergence(run, which: list[int], *, title: str, ceiling: float = 1.0):
@@ -231,6 +290,50 @@ def replay_table(run, phase: int) -> str:
         loss = r["final_loss"]
         rows.append([name, f"{loss:.4f}" if math.isfinite(loss) and loss < 1e3 else "diverged"])
     return text_table(["replay of " + p["label"], "final loss"], rows)
+
+
+def replay_claims(run, phase: int) -> str:
+    """Section 6's claims about who is to blame, from the replays: with nobody stale the
+    phase's learning rate trains; the fast workers' stale gradients alone diverge."""
+    p = phases(run)[phase]
+    fast = {r for r in p["workers"] if r != p["slow_rank"]}
+    fresh = replay(run, phase, stale_workers=set())["final_loss"]
+    fast_only = replay(run, phase, stale_workers=fast)["final_loss"]
+    return "\n".join([
+        f"nobody stale: the loss ends below 0.02: {math.isfinite(fresh) and fresh < 0.02}",
+        f"only the fast workers stale: diverged: {not (math.isfinite(fast_only) and fast_only < 1e3)}",
+    ])
+
+
+def even_claims(straggler, even, *, target: float = TARGET_LOSS) -> str:
+    """Section 7's claims, from the run without a straggler against the run with one:
+    every gradient about n - 1 updates old; DDP's time falls and the server's lead
+    shrinks; at 0.1 the server is at the target sooner, DDP at 0.5 in comparable time,
+    the server at 0.5 diverges."""
+    p = _by_label(even)
+    per = _staleness(p["async PS, lr 0.1"])
+    n = len(per)
+    slow_run = _by_label(straggler)
+
+    def ratio(run_phases: dict, lr: str) -> float:
+        return run_phases[f"sync DDP, lr {lr}"]["curve"]["wall_s"] / run_phases[f"async PS, lr {lr}"]["curve"]["wall_s"]
+
+    _, server_t = _first_reach(p["async PS, lr 0.1"]["curve"], target)
+    _, ddp01_t = _first_reach(p["sync DDP, lr 0.1"]["curve"], target)
+    _, ddp05_t = _first_reach(p["sync DDP, lr 0.5"]["curve"], target)
+    return "\n".join([
+        f"every worker's mean staleness is within 0.5 of n - 1 = {n - 1}: "
+        f"{all(abs(statistics.mean(mine) - (n - 1)) <= 0.5 for mine, _, _ in per.values())}",
+        "DDP's 300 gradients take less than half the time they took with the straggler: "
+        f"{p['sync DDP, lr 0.1']['curve']['wall_s'] < 0.5 * slow_run['sync DDP, lr 0.1']['curve']['wall_s']}",
+        "DDP's time over the server's is smaller than with the straggler, at both learning rates: "
+        f"{all(ratio(p, lr) < ratio(slow_run, lr) for lr in ('0.1', '0.5'))}",
+        f"lr 0.1: the parameter server reaches {target:g} sooner in seconds than DDP: "
+        f"{None not in (server_t, ddp01_t) and server_t < ddp01_t}",
+        f"DDP at 0.5 reaches {target:g} within twice the seconds the server at 0.1 takes: "
+        f"{None not in (server_t, ddp05_t) and ddp05_t <= 2 * server_t}",
+        f"the parameter server at 0.5 diverges: {_diverged(p['async PS, lr 0.5']['curve'])}",
+    ])
 
 
 def traffic_table(*, param_bytes: float, workers: list[int], link_gb_per_s: float,

@@ -75,3 +75,58 @@ def test_self_check_accepts_the_right_answers(lesson08, capsys):
     assert capsys.readouterr().out.count(": correct") == len(lesson08.EXPECTED)
     lesson08.check_answers({"q1_staleness": 2})
     assert "q1_staleness: not quite" in capsys.readouterr().out
+
+
+class _Records:
+    """A run as the claims read it: the records of async_vs_sync.py, made up."""
+
+    def __init__(self, records):
+        self.records = records
+
+
+def _phase(number, mode, lr, *, wall_s, reach, final, staleness=(2, 2, 2), slow_ms=10):
+    """A phase of 3 workers (rank 3 the slow one when slow_ms > 10) whose loss falls to
+    0.011 after `reach` updates (None: never), ending at `final`."""
+    updates = list(range(0, 301, 10))
+    loss = [1.0 if reach is None or u < reach else 0.01 for u in updates]
+    loss[-1] = final
+    records = [{"kind": "phase", "phase": number, "mode": mode, "lr": lr, "slow_rank": 3,
+                "slow_ms": slow_ms, "step_ms": 10},
+               {"kind": "curve", "phase": number, "updates": updates, "loss": loss, "wall_s": wall_s,
+                "t": [wall_s * u / 300 for u in updates]}]
+    records += [{"kind": "worker", "phase": number, "rank": r, "gradients": 100, "wall_s": wall_s,
+                 "computing_s": wall_s / 2} for r in (1, 2, 3)]
+    if mode != "sync":
+        records.append({"kind": "server", "phase": number, "worker": [1, 2, 3] * 100,
+                        "staleness": list(staleness) * 100, "seq": [k for k in range(100) for _ in range(3)]})
+    return records
+
+
+def _runs(*, async_05_final=float("inf"), even_async_wall=1.25, even_staleness=(2, 2, 2)):
+    straggler = _Records(
+        _phase(0, "sync", 0.1, wall_s=4.4, reach=30, final=0.009, slow_ms=40)
+        + _phase(1, "async", 0.1, wall_s=1.6, reach=30, final=0.009, slow_ms=40)
+        + _phase(2, "sync", 0.5, wall_s=4.4, reach=10, final=0.009, slow_ms=40)
+        + _phase(3, "async", 0.5, wall_s=1.6, reach=None, final=async_05_final, slow_ms=40)
+        + _phase(4, "aware", 0.5, wall_s=1.6, reach=30, final=0.009, slow_ms=40))
+    even = _Records(
+        _phase(0, "sync", 0.1, wall_s=1.5, reach=30, final=0.009)
+        + _phase(1, "async", 0.1, wall_s=even_async_wall, reach=30, final=0.009, staleness=even_staleness)
+        + _phase(2, "sync", 0.5, wall_s=1.5, reach=10, final=0.009)
+        + _phase(3, "async", 0.5, wall_s=1.25, reach=None, final=float("inf")))
+    return straggler, even
+
+
+def test_the_claims_hold_on_runs_that_show_them_and_fail_where_a_run_does_not(lesson08):
+    straggler, even = _runs()
+    for text in (lesson08.convergence_claims(straggler, 0.1), lesson08.convergence_claims(straggler, 0.5),
+                 lesson08.even_claims(straggler, even)):
+        assert text.count(": True") == len(text.splitlines()), text
+    # the server at 0.5 trained: the lesson's claim that it diverges prints False
+    trained, _ = _runs(async_05_final=0.009)
+    assert "the parameter server diverges: False" in lesson08.convergence_claims(trained, 0.5)
+    # without the straggler the server kept its lead, and the workers' staleness is not n - 1
+    _, lead = _runs(even_async_wall=0.4, even_staleness=(1, 1, 4))
+    claims = lesson08.even_claims(straggler, lead)
+    assert "within 0.5 of n - 1 = 2: False" in claims
+    assert "smaller than with the straggler, at both learning rates: False" in claims
