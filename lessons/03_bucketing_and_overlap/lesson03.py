@@ -136,7 +136,27 @@ def timeline_lanes(record: dict, *, iteration: int) -> dict:
         "comm_s": busy_seconds(comm_spans),
         "hidden_s": overlap_seconds([(start, compute_end)], comm_spans),
         "after_compute_s": end - compute_end,
+        "buckets": sorted((b["index"], b["start_s"], b["end_s"]) for b in buckets),
     }
+
+
+def overlap_claims(lanes: dict) -> str:
+    """What section 3's text reads in the timeline: every bucket but the last starts its
+    all-reduce while backward still computes, the last one (fc1's) only once the last
+    gradient is ready, an earlier one is still in flight when the computing ends (the link
+    is the slower side), and a good part of the communication is hidden behind compute."""
+    compute_end = lanes["marks"]["last gradient ready"]
+    *early, last = lanes["buckets"]
+    return "\n".join([
+        f"{len(early)} of {len(lanes['buckets'])} buckets start their all-reduce while backward "
+        f"still computes: {bool(early) and all(start < compute_end for _, start, _ in early)}",
+        "the last bucket's all-reduce starts only when the last gradient is ready (within 5 ms): "
+        f"{last[1] >= compute_end - 0.005}",
+        "when the computing ends, an earlier bucket is still on the wire (backward waits for it "
+        f"too): {any(end > compute_end for _, _, end in early)}",
+        "at least a fifth of the communication runs while backward still computes: "
+        f"{lanes['hidden_s'] >= 0.2 * lanes['comm_s']}",
+    ])
 
 
 def overlap_summary(lanes: dict, record: dict) -> str:
@@ -278,6 +298,24 @@ def sweep_check(records: Iterable[dict], *, model: str, slack: float = 0.1) -> s
     ok = bool(several) and not outside
     return (f"{model}, caps {caps} MiB (2+ buckets): step time between the two predictions "
             f"(each widened by {slack:.0%}): {ok}" + (f" ({'; '.join(outside)})" if outside else ""))
+
+
+def sweep_claims(records: Iterable[dict]) -> str:
+    """The two ends of the curves, as the text after the plot reads them: with a cap that
+    makes several buckets deep256 steps faster than with its one bucket (the last bucket
+    shrinks), and deep96x64 with one bucket per tensor steps slower than even the
+    no-overlap prediction (a bucket costs DDP more than a bare all_reduce)."""
+    rows = sweep_bounds(records)
+    deep = [r for r in rows if r["model"] == "deep256"]
+    one = [r for r in deep if r["buckets"] == 1]
+    several = [r for r in deep if r["buckets"] >= 2]
+    small = max((r for r in rows if r["model"] == "deep96x64"), key=lambda r: r["buckets"], default=None)
+    return "\n".join([
+        "deep256: every cap that makes 2+ buckets steps faster than its one bucket: "
+        f"{bool(one and several) and all(r['measured_s'] < one[0]['measured_s'] for r in several)}",
+        "deep96x64, one bucket per tensor: the step is slower than the no-overlap prediction: "
+        f"{small is not None and small['measured_s'] > small['none_s']}",
+    ])
 
 
 # ------------------------------------------------------------------ 5-6. accumulation, options

@@ -93,6 +93,38 @@ def test_series_for_the_plot():
     assert floor == {"m": pytest.approx(0.052)}
 
 
+def _named(records, model):
+    return [{**r, "model": model} for r in records]
+
+
+def test_the_curves_ends_are_read_as_the_text_says_and_can_be_denied():
+    # deep256: one bucket of 16 MiB at 0.20 s; several buckets faster (True) or not (False)
+    one = {16: [0.030]}
+
+    def claims(step_at_1, small_step):
+        deep = _named(sweep_records({1: step_at_1, 16: 0.20}, alone={1: [0.010] * 3, **one}), "deep256")
+        small = _named(sweep_records({2**-12: small_step}, alone={2**-12: [0.001] * 40}), "deep96x64")
+        return L.sweep_claims(deep + small).splitlines()
+
+    assert [line.rsplit(": ", 1)[1] for line in claims(0.07, 0.2)] == ["True", "True"]
+    # the step at 1 MiB above the one bucket's; the small cap's step under no overlap (0.092)
+    assert [line.rsplit(": ", 1)[1] for line in claims(0.21, 0.08)] == ["False", "False"]
+
+
+def test_the_timeline_claims_say_false_when_nothing_overlaps():
+    def lanes(buckets, hidden):
+        return {"marks": {"last gradient ready": 1.0}, "buckets": buckets, "hidden_s": hidden, "comm_s": 0.4}
+
+    overlapping = lanes([(0, 0.5, 0.7), (1, 0.8, 1.1), (2, 1.0, 1.2)], hidden=0.3)
+    assert L.overlap_claims(overlapping).count(": True") == 4
+    after = lanes([(0, 1.01, 1.1), (1, 1.1, 1.2), (2, 1.2, 1.3)], hidden=0.0)
+    assert [line.rsplit(": ", 1)[1] for line in L.overlap_claims(after).splitlines()] == \
+        ["False", "True", "True", "False"]
+    # the link the faster side: the earlier buckets are done before the computing ends
+    done = lanes([(0, 0.5, 0.7), (1, 0.7, 0.9), (2, 1.0, 1.2)], hidden=0.4)
+    assert "still on the wire (backward waits for it too): False" in L.overlap_claims(done)
+
+
 # --------------------------------------------------------------------- buckets
 
 @pytest.mark.parametrize(
