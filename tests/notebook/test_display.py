@@ -196,6 +196,21 @@ def test_the_summary_refers_to_a_traceback_shown_above():
     assert "/__w/" not in summary
 
 
+def test_a_long_one_line_message_shown_above_is_cut_in_the_summary():
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL's mismatch: one line of some 700 characters, already
+    in the traceback above: the summary keeps its start."""
+    d, out, _ = display()
+    message = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+               + "CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, " * 12)
+    tb = traceback_lines(0, error=f"RuntimeError: {message}")
+    d.lines(0, "stderr", tb)
+    d.finish(failed_run(0, message, "\n".join(tb) + "\n"))
+    root = next(line for line in out.getvalue().splitlines() if line.startswith("root cause:"))
+    assert root.startswith("root cause: rank 0 raised RuntimeError: Detected mismatch between "
+                           "collectives on ranks. Rank 0 is running collective:")
+    assert root.endswith(" [...]") and len(root) < 260, root
+
+
 def test_the_summary_prints_a_traceback_the_display_did_not_show():
     d, out, _ = display()
     tb = traceback_lines(0)

@@ -57,6 +57,23 @@ class RankResult:
         }
 
 
+# The most of a root cause's message the summary repeats when the traceback, message and
+# all, is shown just above it (TORCH_DISTRIBUTED_DEBUG=DETAIL's mismatch is one line of
+# some 700 characters).
+SHOWN_MESSAGE = 200
+
+
+def _first_words(message: str) -> str:
+    """A message's first line, cut at a word before SHOWN_MESSAGE characters; " [...]"
+    says where something was left out."""
+    text = message.strip()
+    first = text.split("\n", 1)[0]
+    if len(first) > SHOWN_MESSAGE:
+        cut = first.rfind(" ", 0, SHOWN_MESSAGE)
+        first = first[:cut if cut > SHOWN_MESSAGE // 2 else SHOWN_MESSAGE].rstrip()
+    return first + " [...]" if first != text else first
+
+
 def attempt_line(attempt: dict) -> str:
     """One attempt of result.attempts as a line: size, restart count, outcome, cause."""
     a = attempt
@@ -166,7 +183,8 @@ class RunResult:
         Args:
             traceback_shown: the root cause's traceback was printed just above (the
                 text display passes True when it showed it): refer to it instead of
-                printing it again, and keep only the first line of a long message.
+                printing it again, and keep only the start of a long message (its
+                first line, at most SHOWN_MESSAGE characters).
             traceback_like: the rank whose traceback was shown in full when the root
                 cause's was shown as a repeat of another rank's.
         """
@@ -185,8 +203,8 @@ class RunResult:
         elif self.failure:
             f = self.failure
             message = f.message
-            if traceback_shown and "\n" in message.strip():
-                message = message.strip().split("\n", 1)[0] + " [...]"
+            if traceback_shown:
+                message = _first_words(message)
             lines.append(f"root cause: {f.ended_how()}" + (f": {message}" if message else ""))
             if f.kind != "torchrun":  # the agent failed: no rank, no line of the script
                 lines.append(f"  at {f.where}" + (f"    {f.source}" if f.source else ""))
