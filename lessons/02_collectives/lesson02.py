@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import linecache
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -207,6 +208,49 @@ def busbw_ratio(series: dict, name: str, reference: str, size: int) -> float:
         return times[sizes.index(size)]
 
     return seconds(reference) / seconds(name)
+
+
+def loopback_claims(series: dict, *, small_below: int = 64 * 2**10) -> str:
+    """Section 5's reading of the plot, on loopback: at the largest size the naive ring and
+    reduce+broadcast fall behind the ring and the library; below small_below bytes, where
+    a call costs about alpha, reduce+broadcast's 2 rounds beat the ring's 6 steps."""
+    big = max(series["library"][0])
+
+    def at(name: str, size: int) -> float:
+        sizes, times = series[name]
+        return times[sizes.index(size)]
+
+    def small(name: str) -> float:
+        return statistics.median(t for s, t in zip(*series[name]) if s < small_below)
+
+    behind = all(at(slow, big) > at(fast, big) for slow in ("naive ring", "reduce+broadcast")
+                 for fast in ("ring", "library"))
+    return "\n".join([
+        f"at {format_bytes(big)} the naive ring and reduce+broadcast take longer than the ring "
+        f"and the library: {behind}",
+        f"below {format_bytes(small_below)} a reduce+broadcast call takes less time than a ring "
+        f"call (median): {small('reduce+broadcast') < small('ring')}",
+    ])
+
+
+def wire_claims(series: dict) -> str:
+    """Section 6's reading: at the largest size the plain Python ring keeps up with gloo's
+    all_reduce too; at the smallest, where a chunk is one segment, posting the receives
+    early (the pipelined ring) is worth more than at the largest, where the steps are long."""
+    sizes = sorted(series["library"][0])
+    small, big = sizes[0], sizes[-1]
+
+    def ratio(name: str, size: int) -> float:
+        return busbw_ratio(series, name, "library", size)
+
+    return "\n".join([
+        f"at {format_bytes(big)} the plain ring reaches at least 0.8x the library's busbw too: "
+        f"{ratio('ring', big) >= 0.8}",
+        f"at {format_bytes(small)} the pipelined ring is ahead of the plain ring: "
+        f"{ratio('pipelined ring', small) > ratio('ring', small)}",
+        f"the plain ring loses less to the library at {format_bytes(big)} than at "
+        f"{format_bytes(small)}: {ratio('ring', big) > ratio('ring', small)}",
+    ])
 
 
 # ------------------------------------------------------------------ 6. on a wire

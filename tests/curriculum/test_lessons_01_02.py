@@ -400,6 +400,32 @@ def test_bandwidth_helpers(lesson_modules):
         (1e-4 + 2**20 / 2e9) / (1e-4 + 2**20 / 1e9))
 
 
+def _series(lesson02, seconds):
+    """{algorithm: {size: seconds}} as ring_bench.py's records, through bandwidth_series."""
+    return lesson02.bandwidth_series([{"rank": 0, "algorithm": a, "nbytes": size, "seconds": t}
+                                      for a, times in seconds.items() for size, t in times.items()])
+
+
+def test_the_bandwidth_claims_read_the_series_and_can_say_false(lesson_modules):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    small, big = 1024, 2**25
+    loopback = {"library": {small: 3e-3, big: 0.047}, "ring": {small: 5e-3, big: 0.050},
+                "naive ring": {small: 2e-3, big: 0.158}, "reduce+broadcast": {small: 0.5e-3, big: 0.092}}
+    verdicts = [line.rsplit(": ", 1)[1] for line in lesson02.loopback_claims(_series(lesson02, loopback)).splitlines()]
+    assert verdicts == ["True", "True"]
+    loopback["naive ring"][big] = 0.049  # as fast as the ring: it did not fall behind
+    loopback["reduce+broadcast"][small] = 6e-3
+    verdicts = [line.rsplit(": ", 1)[1] for line in lesson02.loopback_claims(_series(lesson02, loopback)).splitlines()]
+    assert verdicts == ["False", "False"]
+    mib = 2**20
+    wire = {"library": {mib: 0.10, 16 * mib: 1.0}, "ring": {mib: 0.13, 16 * mib: 1.1},
+            "pipelined ring": {mib: 0.10, 16 * mib: 1.0}}
+    assert lesson02.wire_claims(_series(lesson02, wire)).count(": True") == 3
+    wire["ring"] = {mib: 0.09, 16 * mib: 1.4}  # ahead at 1 MiB, far behind at 16
+    verdicts = [line.rsplit(": ", 1)[1] for line in lesson02.wire_claims(_series(lesson02, wire)).splitlines()]
+    assert verdicts == ["False", "False", "False"]
+
+
 def test_traffic_table_one_row_per_algorithm(lesson_modules):
     (lesson02,) = lesson_modules(LESSON02, "lesson02")
     records = [{"rank": r, "traffic": "reduce+broadcast", "group_size": 3, "data_bytes": 400,
