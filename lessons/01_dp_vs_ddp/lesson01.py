@@ -169,8 +169,10 @@ def ddp_beats_dp(single: dict, dp: dict, ddp_step: dict) -> str:
     ddp_speed = ddp_step["one_process_step_s"] / ddp_step["step_s"]
     dp_speed = single["step_s"] / dp["step_s"]
     ok = ddp_speed > dp_speed
+    near_one = max(ddp_speed, dp_speed) < 1.5  # 2 replicas, not 2x: per-op work is not split
     return (f"DDP faster than DataParallel's threads on MANY_SMALL_OPS, each against one process: {ok}"
-            + ("" if ok else f" (DDP {ddp_speed:.2f}x, DataParallel {dp_speed:.2f}x)"))
+            + ("" if ok else f" (DDP {ddp_speed:.2f}x, DataParallel {dp_speed:.2f}x)")
+            + f"\nneither comes near twice one process's speed (both below 1.5x): {near_one}")
 
 
 STAGE_ORDER = ("scatter", "replicate", "forward", "gather + loss", "backward", "reduce grads",

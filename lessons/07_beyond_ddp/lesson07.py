@@ -21,7 +21,7 @@ from bubbles import (  # noqa: F401  (the notebook's L.bubble_table, ...)
     gpipe_replay, pipeline_checks, plot_bubble, plot_schedule,
 )
 from wire import (  # noqa: F401  (the notebook's L.wire_summary, ...)
-    job_bytes_line, wire_bytes_table, wire_calls_table, wire_summary, wire_time_table,
+    job_bytes_line, wire_bytes_table, wire_calls_table, wire_claims, wire_summary, wire_time_table,
 )
 
 # --------------------------------------------------------------------------- generic
@@ -344,7 +344,8 @@ __all__ = [
     "rank_traffic", "replica_table", "activation_table", "activation_parts", "block_saved",
     "zero_memory_table", "zero_traffic_table", "check_table", "exactness",
     "fsdp_memory_table", "fsdp_traffic_table", "fsdp_check_table", "fsdp_exactness", "fsdp_loss_series", "plot_losses",
-    "wire_summary", "wire_bytes_table", "wire_time_table", "wire_calls_table", "job_bytes_line", "show_lines",
+    "wire_summary", "wire_bytes_table", "wire_time_table", "wire_calls_table", "wire_claims",
+    "job_bytes_line", "show_lines",
     "tp_table", "tp_exactness", "tp_calls",
     "bubble_of_step", "bubble_formulas", "gpipe_replay", "bubble_rows", "bubble_table", "pipeline_checks",
     "plot_bubble", "plot_schedule", "parallel_layout", "layout_text", "EXPECTED", "check_answers",

@@ -200,3 +200,18 @@ def test_the_fsdp_check_table_shows_ddp_as_the_reference_not_as_equal_to_itself(
     rows = [[cell.strip() for cell in row if cell.strip()] for row in rows]
     assert rows == [["DDP (the reference)", "0", "-", "-"], ["DDP (the reference)", "1", "-", "-"],
                     ["FSDP2", "0", "DIFFERENT", "not bitwise"], ["FSDP2", "1", "DIFFERENT", "not bitwise"]]
+
+
+def test_wire_claims_read_the_collectives_table_and_can_say_false(lesson07):
+    def summary(a2a_step, a2a_inside):
+        def way(name, step, ops):
+            return {"way": name, "step_s": step, "ops": {op: {"inside_s": inside, "wire_s": 0.1}
+                                                        for op, inside in ops.items()}}
+        return {"FSDP2": way("FSDP2", 0.43, {"all_gather_into_tensor": 0.19, "reduce_scatter_tensor": 0.11}),
+                "FSDP2, all-to-all reduce-scatter": way("FSDP2, all-to-all reduce-scatter", a2a_step,
+                                                        {"all_gather_into_tensor": 0.22,
+                                                         "all_to_all_single": a2a_inside})}
+
+    assert lesson07.wire_claims(summary(0.44, 0.2)).count(": True") == 2
+    assert [line.rsplit(": ", 1)[1] for line in lesson07.wire_claims(summary(0.50, 0.1)).splitlines()] == \
+        ["False", "False"]

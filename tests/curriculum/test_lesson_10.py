@@ -136,6 +136,13 @@ def test_save_timing_table_takes_the_slowest_rank_and_the_median_round(lesson10)
     assert rows[3].split()[-4:] == ["0.100", "0.100", "0.20", "0.50"]
     assert rows[4].split()[-4:] == ["0.030", "0.200", "0.06", "0.15"]
     assert rows[-1].split()[-2:] == ["0.300", "s"]
+    assert lesson10.save_claims(run_of(*recs)).count(": True") == 3
+    # dcp.save no quicker than torch.save, async_save blocking as long as a step and on
+    # disk when it returns: each line says False
+    slow = [{**r, "blocked_s": 0.6, "durable_s": 0.6} if r["way"] in ("dcp.save", "dcp.async_save") else r
+            for r in recs]
+    assert [line.rsplit(": ", 1)[1] for line in lesson10.save_claims(run_of(*slow)).splitlines()] == \
+        ["False", "False", "False"]
 
 
 def test_precision_and_hsdp_tables_price_fsdp2s_collectives(lesson10):
