@@ -129,6 +129,23 @@ def test_completed_records_why_not(tmp_path):
     assert checker.parts[-1].measured == "finished after 1 restart(s)"
 
 
+def test_the_required_checks_can_run_first_each_group_in_the_files_order(tmp_path):
+    """The wrong fixes' scoring stops at the first failed required check: run first, a
+    required check decides a fix before the others' runs are made."""
+    from labutils.grading.runner import run_lab_checks
+
+    (tmp_path / "checks.py").write_text(
+        "from labutils.grading import check\n\n\n"
+        "@check('first, optional', points=1)\ndef a(c):\n    c.expect(True, 'x')\n\n\n"
+        "@check('second, required', points=1, required=True)\ndef b(c):\n    c.expect(True, 'x')\n\n\n"
+        "@check('third, optional', points=1)\ndef d(c):\n    c.expect(True, 'x')\n\n\n"
+        "@check('fourth, required', points=1, required=True)\ndef e(c):\n    c.expect(True, 'x')\n")
+    for first, names in ((False, ["first", "second", "third", "fourth"]),
+                         (True, ["second", "fourth", "first", "third"])):
+        results, _ = run_lab_checks(tmp_path, tmp_path, tmp_path / f"scratch-{first}", required_first=first)
+        assert [r.name.split(",")[0] for r in results] == names
+
+
 def test_a_repeated_launch_is_a_run_of_its_own_and_cached_as_one(tmp_path, monkeypatch):
     """Checks share one run of a launch; repeat=1 is a second run of the same launch (two
     runs with the same --seed compared), shared in turn by the checks that ask for it."""

@@ -123,16 +123,21 @@ def hidden_summary(folder: Path) -> dict:
 
 def run_lab_checks(checks_dir: Path, learner_dir: Path, scratch: Path, *,
                    hidden: bool = False, hidden_source: str | None = None,
-                   on_result=None, skip: tuple[str, ...] = ()) -> tuple[list, list]:
+                   on_result=None, skip: tuple[str, ...] = (),
+                   required_first: bool = False) -> tuple[list, list]:
     """Every check of the lab against the learner's scripts: (CheckResults, run summaries).
 
     hidden: run hidden_checks.py's checks too (the grader does), from hidden_source
     when given. on_result(CheckResult) is called as each check finishes. skip: the
     checks whose names start with one of these are not run (the wrong fixes' scoring
-    leaves out the checks of the notebook's answers).
+    leaves out the checks of the notebook's answers). required_first: the required
+    checks before the others (each in the files' order): a caller that stops at the
+    first failed required check (the wrong fixes' scoring) gets there sooner.
     """
     checks = [fn for fn in lab_checks(checks_dir, hidden=hidden, hidden_source=hidden_source)
               if not any(fn.__labutils_check__.name.startswith(p) for p in skip)]
+    if required_first:
+        checks.sort(key=lambda fn: not fn.__labutils_check__.required)
     config = Path(checks_dir).resolve() / "lab.json"
     edit = json.loads(config.read_text()).get("edit", []) if config.is_file() else []
     checker = Checker(learner_dir=learner_dir, checks_dir=checks_dir, scratch=scratch, edit=edit)

@@ -264,7 +264,8 @@ def _grade_prepared(lab: Path, work: Path, count: int, bounds: list[float], deci
         error = ""
         try:
             run_lab_checks(lab, work / f"fix{i}" / "learner", work / f"fix{i}" / "scratch",
-                           hidden=True, on_result=seen, skip=the_lab.notebook_checks)
+                           hidden=True, on_result=seen, skip=the_lab.notebook_checks,
+                           required_first=decide)
         except _Decided:
             pass
         except Exception as exc:  # noqa: BLE001 - the lab's checks broke on this fix
