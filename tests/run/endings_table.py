@@ -58,6 +58,10 @@ def tagged_line(how: str) -> int:
 
 
 _VOLATILE = (re.compile(r"\[[\d.]+\]:\d+"), re.compile(r"pid \d+"), re.compile(r"\d+ms"))
+# A mismatch's message is the gloo timeout of whichever rank's clock ran out first, in a
+# send or in a receive (gloo's source line differs with it): the same verdict either way
+_EITHER_WAY = ((re.compile(r"\.cc:\d+\]"), ".cc:#]"),
+               (re.compile(r"for (send|recv) operation"), "for a send or a recv operation"))
 
 
 def verdict(summary: dict, how: str = "") -> dict:
@@ -72,6 +76,9 @@ def verdict(summary: dict, how: str = "") -> dict:
         for pattern in _VOLATILE:
             message = pattern.sub("#", message)
         mismatch = failure["kind"] == "mismatch"  # its rank: whichever timed out first
+        if mismatch:
+            for pattern, said in _EITHER_WAY:
+                message = pattern.sub(said, message)
         out["failure"] = {
             "rank": None if mismatch else failure["rank"],
             "kind": failure["kind"], "exc_type": failure["exc_type"], "message": message,

@@ -103,3 +103,18 @@ def test_the_verdict_is_the_same_through_slurm(slurm_cluster, tmp_path, ending):
                     nnodes=slurm_cluster.nodes, nproc=2 // slurm_cluster.nodes)
     check_verdict(result.to_json(), ending, 2, 1)
     assert not slurm_queue().strip(), slurm_queue()
+
+
+def test_a_mismatch_reads_the_same_whichever_rank_timed_out_in_a_send_or_a_recv():
+    """The full table once found warm and cold differing in the message alone: the first
+    rank whose gloo clock ran out was in a receive in one run, in a send in the other."""
+    def summary(message):
+        return {"ok": False, "reason": "failed", "hang": None, "ranks": [{"rank": 0, "exit_code": 1}],
+                "failure": {"message": message, "kind": "mismatch", "rank": 1, "exc_type": "RuntimeError",
+                            "file": "endings.py", "line": 98, "victims": [], "also_failed": [0],
+                            "exit_code": 1, "mismatch": {}}}
+
+    gloo = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:{}] Timed out waiting 3000ms"
+    recv = verdict(summary(gloo.format(78) + " for recv operation to complete"))
+    send = verdict(summary(gloo.format(129) + " for send operation to complete"))
+    assert recv == send and "Timed out waiting" in recv["failure"]["message"]
