@@ -29,6 +29,20 @@ RING = '''    chunks = tensor.view(-1).tensor_split(world)  # views: writing a c
 CHUNKS = "    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor\n"
 TAIL = "        _exchange(send, recv, right, left)\n    return tensor\n"
 
+
+def _passed_whole(condition: str, comment: str) -> str:
+    """Lines that pass a tensor meeting `condition` around the ring whole, n-1 times (the
+    naive ring), before the chunked ring."""
+    return (f"    if {condition}:  # {comment}\n"
+            "        passing = tensor.clone()\n"
+            "        for _ in range(world - 1):\n"
+            "            incoming = torch.empty_like(passing)\n"
+            "            _exchange(passing, incoming, right, left)\n"
+            "            tensor += incoming\n"
+            "            passing = incoming\n"
+            "        return tensor\n")
+
+
 WRONG_FIXES = [
     WrongFix(
         "calls the library's all-reduce through torch.distributed.distributed_c10d",
@@ -105,16 +119,8 @@ WRONG_FIXES = [
         why="torch.chunk gives fewer than n chunks for some sizes of at least n elements (4 at "
             "3 ranks, 5 or 9 at 4): the ring then indexes a chunk that is not there",
         edits={"ring.py": [("    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor\n",
-                            '''    if tensor.numel() < world:  # too small for a chunk per rank: pass it around whole
-        passing = tensor.clone()
-        for _ in range(world - 1):
-            incoming = torch.empty_like(passing)
-            _exchange(passing, incoming, right, left)
-            tensor += incoming
-            passing = incoming
-        return tensor
-    chunks = tensor.view(-1).chunk(world)  # views: writing a chunk writes the tensor
-''')]}),
+                            _passed_whole("tensor.numel() < world", "too small for a chunk per rank: pass it around whole")
+                            + "    chunks = tensor.view(-1).chunk(world)  # views: writing a chunk writes the tensor\n")]}),
     WrongFix(
         "the buffer for the incoming chunk made with torch.zeros(n): float32 on the CPU",
         why="right for every float32 CPU tensor, but the buffer is not like the tensor: a "
@@ -138,15 +144,8 @@ WRONG_FIXES = [
             "7-element tensor at 3 ranks, not 9 or 10 "
             "(found by an audit, 2026-11-30: it scored 1.000 when only the largest size's "
             "bytes were counted)",
-        edits={"ring.py": [(CHUNKS, '''    if tensor.numel() < 256:  # small: not worth cutting into chunks
-        passing = tensor.clone()
-        for _ in range(world - 1):
-            incoming = torch.empty_like(passing)
-            _exchange(passing, incoming, right, left)
-            tensor += incoming
-            passing = incoming
-        return tensor
-''' + CHUNKS)]}),
+        edits={"ring.py": [(CHUNKS, _passed_whole("tensor.numel() < 256", "small: not worth cutting into chunks")
+                           + CHUNKS)]}),
     WrongFix(
         "sums a flat copy, then gives the input its memory: tensor.data = copy",
         why="the input tensor object holds the sum and is returned, but its own memory, which "
