@@ -72,6 +72,56 @@ def repeated_draws(records: Iterable[dict], loader: str) -> int:
     return sum(1 for draws in by_key.values() if len(draws) == 1)
 
 
+def _epochs(records: Iterable[dict], loader: str) -> dict[int, dict[int, dict]]:
+    """rank -> epoch -> that epoch's record, for one loader of workers.py."""
+    out: dict[int, dict[int, dict]] = {}
+    for rec in records:
+        if rec.get("loader") == loader and "workers" in rec:
+            out.setdefault(rec["rank"], {})[rec["epoch"]] = rec
+    return out
+
+
+def _epoch_1(epochs: dict[int, dict]) -> tuple[bool, bool, bool]:
+    """Epoch 1 against epoch 0 on one rank: the same worker processes, the same seeds,
+    the same draws."""
+    first, second = epochs[0], epochs[1]
+    pids = [{w["pid"] for w in e["workers"].values()} for e in (first, second)]
+    seeds = [sorted(w["seed"] for w in e["workers"].values()) for e in (first, second)]
+    draws = [[row[2:] for row in e["rows"]] for e in (first, second)]
+    return pids[0] == pids[1], seeds[0] == seeds[1], draws[0] == draws[1]
+
+
+PERSISTENCE = ("generator seeded with the rank", "persistent workers")
+
+
+def persistence_table(records: Iterable[dict]) -> str:
+    """Per loader and rank: whether epoch 1 had new worker processes and new seeds, and
+    how long each epoch's first batch took to come."""
+    records = list(records)
+    rows = []
+    for loader in PERSISTENCE:
+        for rank, epochs in sorted(_epochs(records, loader).items()):
+            same_pids, same_seeds, _ = _epoch_1(epochs)
+            rows.append([loader, rank, "the same" if same_pids else "new",
+                         "kept" if same_seeds else "drawn again",
+                         f"{epochs[0]['first_batch_ms']:.1f}", f"{epochs[1]['first_batch_ms']:.1f}"])
+    return text_table(["loader", "rank", "epoch 1's workers", "their seeds",
+                       "epoch 0 first batch (ms)", "epoch 1 first batch (ms)"], rows, right=[1, 4, 5])
+
+
+def persistence_claims(records: Iterable[dict]) -> str:
+    """The section's claims about persistent_workers, each True or False."""
+    records = list(records)
+    fresh, kept = (_epochs(records, loader) for loader in PERSISTENCE)
+    restarted = all(not any(_epoch_1(e)[:2]) for e in fresh.values())
+    went_on = all(_epoch_1(e) == (True, True, False) for e in kept.values())
+    sooner = all(kept[r][1]["first_batch_ms"] < fresh[r][1]["first_batch_ms"] for r in kept)
+    return "\n".join([
+        f"without persistent_workers, epoch 1 starts new workers with new seeds: {bool(fresh) and restarted}",
+        f"with it, the same workers and seeds, whose streams go on (new draws):  {bool(kept) and went_on}",
+        f"with it, epoch 1's first batch comes sooner, on every rank:            {bool(kept) and sooner}"])
+
+
 def check_answers(answers: dict) -> None:
     """Print, per question, whether the answer is right (answers left as None are skipped)."""
     expected = {
@@ -83,4 +133,5 @@ def check_answers(answers: dict) -> None:
     }
     selfcheck.check_answers(answers, expected, text="contains")
 
-__all__ = ["index_lists", "verdict", "eval_table", "worker_table", "repeated_draws", "check_answers"]
+__all__ = ["index_lists", "verdict", "eval_table", "worker_table", "repeated_draws",
+           "persistence_table", "persistence_claims", "check_answers"]

@@ -10,9 +10,14 @@ Each item gets a random "augmentation" (a torch and a numpy random number) drawn
 the DataLoader worker that loads it (2 workers per rank). Every rank seeds torch with
 the same seed, as scripts do to build identical models. For each loader in LOADERS,
 every rank reports, per epoch, the items it loaded, the worker that loaded each, and
-the numbers drawn. Then: what pin_memory=True says on a machine without GPU.
+the numbers drawn, and which worker processes loaded them (their pids and seeds) and
+how long the epoch's first batch took to come. The third loader keeps its workers
+between epochs (persistent_workers=True). Then: what pin_memory=True says on a machine
+without GPU.
 """
 
+import os
+import time
 import warnings
 
 import numpy as np
@@ -27,14 +32,16 @@ torch.manual_seed(0)  # the same seed on every rank (identical models)
 
 
 class Augmented(Dataset):
-    """Item i, with the worker that loaded it and two random numbers drawn there."""
+    """Item i, with the worker that loaded it and two random numbers drawn there, and
+    that worker's process id and seed (as text: a seed is up to 64 bits)."""
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i: int):
         worker = get_worker_info()
-        return i, worker.id if worker else -1, torch.rand(1).item(), float(np.random.rand())
+        return (i, worker.id if worker else -1, torch.rand(1).item(), float(np.random.rand()),
+                str(os.getpid()), str(worker.seed if worker else -1))
 
 
 def make_loader(kind: str) -> DataLoader:
@@ -44,17 +51,25 @@ def make_loader(kind: str) -> DataLoader:
         return DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2)
     # The fix: the workers' seeds derive from this generator; give each rank its own.
     generator = torch.Generator().manual_seed(1000 + rank)
-    return DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2, generator=generator)
+    return DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=2, generator=generator,
+                      persistent_workers=kind == "persistent workers")
 
 
-LOADERS = ["same seed on every rank", "generator seeded with the rank"]
+LOADERS = ["same seed on every rank", "generator seeded with the rank", "persistent workers"]
 for kind in LOADERS:
     loader = make_loader(kind)
     for epoch in range(2):
-        rows = [(int(i), int(w), round(t, 4), round(n, 4))
-                for items, workers, t_draws, n_draws in loader
-                for i, w, t, n in zip(items, workers, t_draws.tolist(), n_draws.tolist())]
-        report(loader=kind, epoch=epoch, rows=rows)
+        started = time.perf_counter()
+        batches = iter(loader)   # starts the workers, unless they persist
+        first = next(batches)
+        first_batch_ms = (time.perf_counter() - started) * 1000
+        rows, workers = [], {}
+        for items, ids, t_draws, n_draws, pids, seeds in [first, *batches]:
+            for i, w, t, n, pid, seed in zip(items, ids, t_draws.tolist(), n_draws.tolist(), pids, seeds):
+                rows.append((int(i), int(w), round(t, 4), round(n, 4)))
+                workers[int(w)] = {"pid": int(pid), "seed": seed}
+        report(loader=kind, epoch=epoch, rows=rows, workers=workers,
+               first_batch_ms=round(first_batch_ms, 2))
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
