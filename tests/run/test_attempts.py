@@ -124,6 +124,31 @@ def test_a_late_start_of_an_attempt_that_is_over_is_ignored():
     assert fold.index == 1 and fold.current.round == "b"
 
 
+def test_a_restart_through_the_agents_shared_store_is_an_attempt_of_its_own_for_every_rank():
+    """With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 every round keeps the agent store's
+    MASTER_PORT. Keyed by the port alone, the restart's first start opened attempt 1 and
+    the second rank's start was dropped as a late one of attempt 0: that rank stayed
+    "killed" in attempt 0, and a hang of attempt 1 was never declared (a lesson 05 run
+    waited past its hang_timeout until its timeout)."""
+    from labutils.runtime.worker import rendezvous_round
+
+    def env(restart: int, shared: bool) -> dict:
+        return {"MASTER_ADDR": "localhost", "MASTER_PORT": "43147",
+                "TORCHELASTIC_RESTART_COUNT": str(restart),
+                "TORCHELASTIC_USE_AGENT_STORE": str(shared)}
+
+    assert rendezvous_round(env(0, False)) == rendezvous_round(env(1, False)) == "localhost:43147"
+    assert rendezvous_round(env(0, True)) != rendezvous_round(env(1, True))
+    fold = AttemptFold(2)
+    for restart in (0, 1):
+        for rank in (0, 1):
+            fold.apply(rank, {"kind": "start", "t": restart * 10 + rank, "pid": 100 + 10 * restart + rank,
+                              "round": rendezvous_round(env(restart, True)), "restart": restart,
+                              "world_size": 2})
+    assert fold.index == 1
+    assert [(r.attempt, r.pid) for r in fold.ranks] == [(1, 110), (1, 111)]
+
+
 def _started_fold() -> AttemptFold:
     fold = AttemptFold(2)
     for rank in (0, 1):

@@ -256,6 +256,35 @@ def test_restart_after_injected_kill_resumes(runs_dir, tmp_path):
     assert steps[-1] == (1, 5) and (0, 3) not in steps
 
 
+@pytest.mark.warm_only("the rounds are told apart by the worker bootstrap and the fold, the same "
+                       "warm and cold; test_restart_after_injected_kill_resumes[cold] restarts cold")
+def test_a_hang_after_a_restart_through_the_agents_shared_store_is_declared(runs_dir, write_script):
+    """TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0: every round on the agent store's port. The
+    second attempt's ranks are both its members, so its silence is a hang within
+    hang_timeout (it was never declared: rank 1's restart was taken for a late start of
+    the first attempt, and the run waited for its timeout)."""
+    script = write_script("silent_restart.py", """
+        import os
+        import sys
+        import time
+        from labutils.dist import report
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            if os.environ["RANK"] == "1":
+                sys.exit(3)   # torchrun restarts both ranks
+            time.sleep(120)   # until the agent stops rank 0
+        report(store=os.environ["TORCHELASTIC_USE_AGENT_STORE"])
+        time.sleep(120)       # the second attempt says nothing more: a hang
+    """)
+    started = time.monotonic()
+    result = launch(script, 2, display="none", max_restarts=1, hang_timeout=4, timeout=100,
+                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+    assert result.reason == "hang", result.summary()
+    assert time.monotonic() - started < 60
+    assert [rec["store"] for rec in result.records] == ["True", "True"]
+    assert [a["outcome"] for a in result.attempts] == ["restarted", "hang"]
+    assert [r.state for r in result.ranks] == ["hung", "hung"]
+
+
 def test_report_values_and_env_pass_through(runs_dir, write_script):
     script = write_script("env.py", """
         import os

@@ -9,7 +9,8 @@ process: the launcher feeds it events and acts on the changes it returns, and th
 unit tests feed it recorded events.
 
 An attempt is one rendezvous round: the ranks of one attempt share the round key
-their start events carry (MASTER_ADDR:MASTER_PORT, new each round). A start event
+their start events carry (MASTER_ADDR:MASTER_PORT, new each round; with the agent's
+store shared by every round, the port and the restart count: worker.rendezvous_round). A start event
 with another round, or a rank that starts twice in one round, opens the next attempt.
 """
 

@@ -186,6 +186,20 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def rendezvous_round(environ) -> str:
+    """Which rendezvous round (attempt) a rank's start belongs to, the same for every rank
+    of the round: its MASTER_ADDR:MASTER_PORT. With a store per round (launch() sets
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) torchrun picks a fresh port each round. With
+    the agent's store shared by every round (TORCHELASTIC_USE_AGENT_STORE=True: a run
+    given TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0) the port stays, and the restart count
+    tells the rounds apart; each agent counts its own restarts, so across agents a
+    membership change may read as two rounds."""
+    where = f"{environ.get('MASTER_ADDR', '')}:{environ.get('MASTER_PORT', '')}"
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return f"{where} restart {environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return where
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     agent = os.environ.get(runfiles.ENV_AGENT_PID)
@@ -219,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "restart": restart, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "host": os.uname().nodename,
-            # Which rendezvous round (attempt) this start belongs to: torchrun picks a
-            # fresh MASTER_PORT each round, the same for every rank of the round.
-            "round": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
+            "round": rendezvous_round(os.environ),
             "agent": int(os.environ.get(runfiles.ENV_AGENT_INDEX, "0")),
             "group_rank": int(os.environ.get("GROUP_RANK", "0")),
             "node": os.environ.get(runfiles.ENV_NODE, ""),
