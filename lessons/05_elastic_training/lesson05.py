@@ -58,6 +58,18 @@ def resumed_at(result) -> dict[int, int]:
     return dict(sorted(first.items()))
 
 
+def store_per_attempt(result) -> bool:
+    """Every attempt's ranks met through a TCP store of that attempt's own: all its ranks
+    on one MASTER_PORT, not the agent's store, and no two attempts on the same port."""
+    ports: dict[int, set] = {}
+    for rec in result.records:
+        if "master_port" in rec:
+            ports.setdefault(rec["restart"], set()).add((rec["master_port"], rec["agent_store"]))
+    ends = [next(iter(seen)) for seen in ports.values() if len(seen) == 1]
+    return (len(ports) >= 2 and len(ends) == len(ports) and not any(agent for _, agent in ends)
+            and len({port for port, _ in ends}) == len(ends))
+
+
 def losses(result, rank: int = 0) -> dict[int, float]:
     """step -> loss of the last attempt that trained that step (one rank)."""
     out: dict[int, float] = {}

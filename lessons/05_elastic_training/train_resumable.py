@@ -47,6 +47,10 @@ args = parser.parse_args()
 
 rank, world_size, device = init()
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+# The TCP store this attempt's ranks met through (section 1): the agent's own, or one of
+# the attempt's own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which launch() sets).
+report(restart=restart, master_port=int(os.environ["MASTER_PORT"]),
+       agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 ckpt_path = Path(args.ckpt_dir) / LATEST
 ckpt_path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -22,7 +22,12 @@ Part 2 (inductor): the same model trained STEPS steps eagerly and compiled with 
 default backend, inductor, from the same weights on the same data: losses and weights
 compared, the time of each step. On CPU, inductor writes C++ and compiles it with the
 machine's compiler (g++), which takes seconds per graph; on a GPU it writes Triton
-kernels. Last, the kernels it wrote are counted from its cache.
+kernels. Then the kernels it wrote are counted from its cache.
+
+Part 3 (rank 0): a small function compiled for inputs of 8, 12 and 20 rows, the graphs
+each call compiled and its time; then the same after torch._dynamo.reset(), which makes
+Dynamo forget every compiled graph, as a new process would: inductor finds their code in
+its FX graph cache.
 
     --inductor-only    part 2 alone (the lesson runs it on one GPU when there is one)
 """
@@ -176,5 +181,29 @@ if device.type == "cpu":
     compiler = get_cpp_compiler()
 report(part="kernels", device=device.type, cpp=len(kinds["C++"]), triton=len(kinds["Triton"]),
        library_calls=library_calls, compiler=compiler)
+
+
+# Part 3 (rank 0, a function of one line): what a new input shape costs, and what is left
+# of a compilation once Dynamo has forgotten it (torch._dynamo.reset(), as in a new
+# process): inductor's FX graph cache on disk. Counted by Dynamo's and inductor's own
+# counters.
+def shift(x):
+    return torch.relu(x) * 2 + 1
+
+
+if rank == 0 and not INDUCTOR_ONLY:
+    from torch._dynamo.utils import counters
+
+    compiled_shift = torch.compile(shift)
+    for when in ["first", "after reset"]:
+        if when == "after reset":
+            torch._dynamo.reset()
+        for rows in (8, 12, 20):
+            graphs, hits = counters["stats"]["unique_graphs"], counters["inductor"]["fxgraph_cache_hit"]
+            start = time.perf_counter()
+            compiled_shift(torch.randn(rows, 16, device=device))
+            report(part="shapes", when=when, rows=rows, seconds=time.perf_counter() - start,
+                   new_graphs=counters["stats"]["unique_graphs"] - graphs,
+                   cache_hits=counters["inductor"]["fxgraph_cache_hit"] - hits)
 torch.distributed.destroy_process_group()
 cache.cleanup()

@@ -170,6 +170,33 @@ def kernels_line(run) -> str:
             f"its wrappers make {rec['library_calls']} library calls (the matrix multiplications)")
 
 
+def shapes_table(run) -> str:
+    """Part 3: each call of the compiled function, the graphs it compiled, the FX graph
+    cache's hits and its time (rank 0)."""
+    rows = [[rec["when"], rec["rows"], rec["new_graphs"], rec["cache_hits"], f"{rec['seconds'] * 1000:.1f}"]
+            for rec in _part(run.records, "shapes", rank=0)]
+    return text_table(["call", "rows", "graphs compiled", "FX graph cache hits", "time (ms)"], rows,
+                      right=(1, 2, 3, 4))
+
+
+def shapes_claims(run) -> str:
+    """Part 3's claims, each True or False: a new shape compiles once more, as a dynamic
+    graph that a third shape reuses; after Dynamo's reset the graphs come from the cache,
+    each call under a fifth of the first compilation."""
+    calls = {(rec["when"], rec["rows"]): rec for rec in _part(run.records, "shapes", rank=0)}
+    first = [calls.get(("first", rows)) for rows in (8, 12, 20)]
+    again = [calls.get(("after reset", rows)) for rows in (8, 12, 20)]
+    if None in first or None in again:
+        return "part 3 did not run"
+    compiled = [rec["new_graphs"] for rec in first]
+    from_cache = all(rec["cache_hits"] >= 1 for rec in again[:2]) and again[2]["new_graphs"] == 0
+    quicker = max(rec["seconds"] for rec in again) < first[0]["seconds"] / 5
+    return "\n".join([
+        f"8 rows compiled a graph, 12 rows another (dynamic), 20 rows none: {compiled == [1, 1, 0]}",
+        f"after the reset, every graph came from the FX graph cache:      {from_cache}",
+        f"and each call took under a fifth of the first compilation:     {quicker}"])
+
+
 # --------------------------------------------------------------------------- 3. DCP
 
 def files_table(save_run) -> str:

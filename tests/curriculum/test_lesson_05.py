@@ -124,3 +124,23 @@ def test_ten_kills_at_different_steps_end_bitwise_equal_to_an_uninterrupted_run(
     ref_loss = {rec["step"]: rec["loss"] for rec in reference.records if rec["rank"] == 0 and "loss" in rec}
     trained = [(rec["step"], rec["loss"]) for rec in killed.records if rec["rank"] == 0 and "loss" in rec]
     assert len(trained) > int(steps) and all(ref_loss[s] == loss for s, loss in trained)
+
+
+def test_the_store_check_needs_a_port_of_its_own_for_every_attempt_and_never_the_agents():
+    """lesson05.store_per_attempt on hand-made records: True only for what launch() sets
+    up (each attempt on a new MASTER_PORT, no agent store); each way the shared store
+    shows itself turns it False."""
+    L = load(LESSON, "lesson05")
+
+    def run(*attempts):   # per attempt, each rank's (port, agent store)
+        return type("Run", (), {"records": [
+            {"rank": rank, "restart": restart, "master_port": port, "agent_store": agent}
+            for restart, ranks in enumerate(attempts) for rank, (port, agent) in enumerate(ranks)]
+            + [{"rank": 0, "restart": 0, "step": 0, "loss": 1.0}]})()
+
+    assert L.store_per_attempt(run([(5001, False)] * 2, [(5002, False)] * 2))
+    assert not L.store_per_attempt(run([(5001, True)] * 2, [(5001, True)] * 2))   # the agent's
+    assert not L.store_per_attempt(run([(5001, False)] * 2, [(5001, False)] * 2))  # one port for both
+    assert not L.store_per_attempt(run([(5001, True)] * 2, [(5002, True)] * 2))    # new ports, shared
+    assert not L.store_per_attempt(run([(5001, False)] * 2, [(5002, False), (5003, False)]))
+    assert not L.store_per_attempt(run([(5001, False)] * 2))   # never restarted

@@ -240,3 +240,33 @@ dist.destroy_process_group()
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "['c10d.allreduce_', 'c10d.broadcast_'] 2"
+
+
+def _shape_calls(**changes):
+    """Part 3 of compile_ddp.py as rank 0 reports it: (when, rows) -> the call's record,
+    with changes[(when, rows)] merged in."""
+    calls = {("first", 8): (1, 0, 0.72), ("first", 12): (1, 0, 0.6), ("first", 20): (0, 0, 0.0002),
+             ("after reset", 8): (1, 1, 0.04), ("after reset", 12): (1, 1, 0.05),
+             ("after reset", 20): (0, 0, 0.0001)}
+    records = []
+    for (when, rows), (graphs, hits, seconds) in calls.items():
+        rec = {"rank": 0, "part": "shapes", "when": when, "rows": rows, "new_graphs": graphs,
+               "cache_hits": hits, "seconds": seconds}
+        rec.update(changes.get(f"{when.replace(' ', '_')}_{rows}", {}))
+        records.append(rec)
+    return run_of(*records)
+
+
+def test_part_3s_claims_hold_on_its_calls_and_each_turns_false_by_the_fact_it_claims(lesson10):
+    def claims(run):
+        return [line.rstrip().endswith("True") for line in lesson10.shapes_claims(run).splitlines()]
+
+    assert claims(_shape_calls()) == [True, True, True]
+    table = lesson10.shapes_table(_shape_calls()).splitlines()
+    assert len(table) == 2 + 6 and table[2].split() == ["first", "8", "1", "0", "720.0"]
+    assert claims(_shape_calls(first_20={"new_graphs": 1})) == [False, True, True]   # no dynamic graph
+    assert claims(_shape_calls(first_12={"new_graphs": 0})) == [False, True, True]
+    assert claims(_shape_calls(after_reset_12={"cache_hits": 0})) == [True, False, True]  # compiled again
+    assert claims(_shape_calls(after_reset_20={"new_graphs": 1})) == [True, False, True]
+    assert claims(_shape_calls(after_reset_8={"seconds": 0.2})) == [True, True, False]  # no quicker
+    assert lesson10.shapes_claims(run_of({"rank": 0, "part": "kernels"})) == "part 3 did not run"
