@@ -126,3 +126,48 @@ def test_a_rank_at_a_breakpoint_on_another_machine_gets_a_note_not_a_console(tmp
     assert any(line.startswith("rank 1 stopped at endings.py:49 on node-b; the other ranks wait. "
                                "Debug it there: labutils debug ") and line.endswith(" --rank 1")
                for line in display.said), display.said
+
+
+THREAD_FAILED = ["Exception in thread Thread-1 (fail_in_a_thread):", "Traceback (most recent call last):",
+                 '  File "/home/learner/course/endings.py", line 49, in fail_in_a_thread',
+                 '    raise RuntimeError("the loader thread failed")',
+                 "RuntimeError: the loader thread failed"]
+
+
+def test_an_attempts_ending_reads_its_own_stderr_not_the_restarted_ranks(tmp_path):
+    """A restarted rank writes to the same stderr.log. Its thread failed again at once,
+    and the turn of the loop that read its start also read the first two lines of its
+    traceback: the ending of the attempt before once read those, and said its thread
+    "raised Traceback (most recent call last):" (seen warm, once in 19 endings)."""
+    def ended(rank: int, restart: int, t: float) -> list[dict]:
+        if rank == 1:
+            return [{"kind": "exit", "t": t, "code": 1, "restart": restart, "file": str(SCRIPT),
+                     "line": 84, "source": "sys.exit(1)  # ending: thread_error"}]
+        return [{"kind": "exception", "t": t, "restart": restart, "exc_type": "RuntimeError",
+                 "message": "Connection closed by peer [127.0.0.1]:1234", "file": str(SCRIPT), "line": 98,
+                 "source": "dist.barrier()"},
+                {"kind": "exit", "t": t, "code": 1, "restart": restart}]
+
+    class Restarted(PhasedAgents):
+        def __init__(self, spec, run_dir: Path) -> None:
+            super().__init__(spec, run_dir)
+            self.meta = {"agent_exit_code": 1}
+            self.phases = [
+                {0: ([_start(0, 0, "h:1", 1.0)], []), 1: ([_start(1, 0, "h:1", 1.0)], [])},
+                {0: (ended(0, 0, 2.1), []), 1: (ended(1, 0, 2.0), THREAD_FAILED)},
+                {0: ([_start(0, 1, "h:2", 3.0)], []), 1: ([_start(1, 1, "h:2", 3.0)], THREAD_FAILED[:2])},
+                {0: (ended(0, 1, 4.1), []), 1: (ended(1, 1, 4.0), THREAD_FAILED[2:])}]
+
+        def _write(self, phase: dict) -> None:
+            super()._write({rank: (events, []) for rank, (events, _) in phase.items()})
+            for rank, (_, lines) in phase.items():
+                with open(runfiles.stream_path(self.run_dir, rank, "stderr"), "a") as fh:
+                    fh.writelines(line + "\n" for line in lines)
+
+    spec = make_spec(SCRIPT, 2, max_restarts=1)
+    run = Run(spec, new_run_dir(spec.script, tmp_path), Said(),
+              backend=lambda spec, run_dir: Restarted(spec, run_dir))
+    result = run.run()
+    why = ("SystemExit: exit code 1, after thread Thread-1 (fail_in_a_thread) raised "
+           "RuntimeError: the loader thread failed")
+    assert [(a["failed_rank"], a["why"]) for a in result.attempts] == [(1, why), (1, why)], result.attempts

@@ -348,13 +348,10 @@ class Run:
         # Events of all ranks in the order they happened, so that the last events of
         # one attempt are never taken for the next attempt's.
         events: list[tuple[float, int, int, dict]] = []
-        lines: list[tuple[int, str, list[str]]] = []
-        for rank, (output, tail) in enumerate(zip(self.state.output, self.events)):
+        for rank, tail in enumerate(self.events):
             new_events = tail.poll(final=final)
             events.extend((ev.get("t", 0.0), rank, i, ev) for i, ev in enumerate(new_events))
-            new = output.poll(final=final)
-            lines.extend((rank, stream, text) for stream, text in new.items())
-            if new_events or new:
+            if new_events:
                 self.last_activity = time.monotonic()
         # how the agents saw ranks end (rank -1: the fold finds the rank by its pid)
         events.extend((rec.get("t", 0.0), -1, i, rec)
@@ -362,15 +359,29 @@ class Run:
         events.sort(key=lambda e: e[:3])
         # Output read with the start of a new attempt is (almost always: the old one's
         # ranks were ended a rendezvous round before) the new attempt's: shown after
-        # the notes that end the old attempt and begin the new one.
+        # the notes that end the old attempt and begin the new one, and left out of
+        # what the old attempt's ending reads (a restarted rank that fails at once in
+        # the same way would lend the old attempt its half-written traceback).
         fold = self.state.fold
         restarting = any(fold.begins_attempt(rank, ev) for _, rank, _, ev in events if rank >= 0)
+        if restarting:
+            self.state.closing_stderr = {rank: self.state.stderr_lines(rank)
+                                         for rank in range(len(self.state.output))}
+        lines: list[tuple[int, str, list[str]]] = []
+        for rank, output in enumerate(self.state.output):
+            new = output.poll(final=final)
+            lines.extend((rank, stream, text) for stream, text in new.items())
+            if new:
+                self.last_activity = time.monotonic()
         if not restarting:
             self._show_lines(lines)
-        for _, rank, _, event in events:
-            changes = fold.apply(rank, event) if rank >= 0 else fold.reaped(event)
-            for change in changes:
-                self._show(change)
+        try:
+            for _, rank, _, event in events:
+                changes = fold.apply(rank, event) if rank >= 0 else fold.reaped(event)
+                for change in changes:
+                    self._show(change)
+        finally:
+            self.state.closing_stderr = None
         if restarting:
             self._show_lines(lines)
 

@@ -81,10 +81,21 @@ class RunState:
     reason: Ending = Ending.OK
     hang: Hang | None = None
     signalled: set[int] = field(default_factory=set)  # rank pids this launcher signalled
+    # Set while the fold closes an attempt in a turn that also read the next attempt's
+    # output (a restarted rank writes to the same stderr.log): each rank's stderr lines as
+    # they stood before that turn, which are the closing attempt's.
+    closing_stderr: dict[int, list[str]] | None = None
 
     @property
     def ranks(self) -> list[RankState]:
         return self.fold.ranks
+
+    def stderr_lines(self, rank: int) -> list[str]:
+        """A rank's stderr lines kept so far (those of the attempt being closed, while
+        one is)."""
+        if self.closing_stderr is not None and rank in self.closing_stderr:
+            return self.closing_stderr[rank]
+        return [line for stream, line in self.output[rank].combined if stream == "stderr"]
 
 
 @dataclass
@@ -313,8 +324,7 @@ def failure_of(state: RunState, attempt: int, exit_codes: dict[int, int | None],
     exceptions = {r.rank: r.exceptions[attempt] for r in members if attempt in r.exceptions}
     failed = [r.rank for r in members
               if r.rank in exceptions or (exit_codes.get(r.rank) not in (0, None))]
-    stderr = {r.rank: [line for stream, line in state.output[r.rank].combined if stream == "stderr"]
-              for r in members}
+    stderr = {r.rank: state.stderr_lines(r.rank) for r in members}
     tails = {rank: "\n".join(lines[-20:]) for rank, lines in stderr.items()}
     ended = [r for r in members if r.attempt == attempt]
     stopped = {r.rank: position for r in members
