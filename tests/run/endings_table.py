@@ -99,6 +99,21 @@ def verdict(summary: dict, how: str = "") -> dict:
     return out
 
 
+def attempts_verdict(summary: dict) -> list[dict]:
+    """What a summary says of each attempt, without times, pids and ports: who failed,
+    why, and how that rank ended (its victims' exit codes left out, as verdict() does)."""
+    out = []
+    for attempt in summary["attempts"]:
+        why = attempt.get("why") or ""
+        for pattern in _VOLATILE:
+            why = pattern.sub("#", why)
+        failed = attempt.get("failed_rank")
+        out.append({"outcome": attempt["outcome"], "failed_rank": failed, "why": why,
+                    "exit_code": attempt["exit_codes"].get(str(failed)),
+                    "world_size": attempt["world_size"], "restart_count": attempt["restart_count"]})
+    return out
+
+
 def check_verdict(summary: dict, how: str, nproc: int, failing: int) -> None:
     """The summary gives the right verdict for ending HOW of rank `failing` of `nproc`."""
     kind, exc_type, code, has_line, phrase = ENDINGS[how]

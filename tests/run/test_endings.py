@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from endings_table import ENDINGS, SCRIPT, check_verdict, verdict
+from endings_table import ENDINGS, SCRIPT, attempts_verdict, check_verdict, verdict
 from slurm_fixture import slurm_cluster, slurm_queue  # noqa: F401  (a local SLURM cluster)
 
 from labutils import launch
@@ -55,7 +55,8 @@ def pytest_generate_tests(metafunc):
 HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""} if warm_start.ranks_see_a_gpu({}) else {}
 
 
-def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool) -> dict:
+def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool,
+               max_restarts: int = 0) -> dict:
     # gloo named and the GPUs hidden: a run whose ranks can see a GPU starts cold by
     # itself (run/warm.py), and the endings are the CPU's, the same on any machine. The
     # ranks' temporary folder is the test's: a DataLoader worker killed after it sent a
@@ -64,7 +65,8 @@ def run_ending(how: str, nproc: int, failing: int, tmp_path: Path, *, warm: bool
     with tempfile.TemporaryDirectory(prefix="endings-") as tmp:
         result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
                         backend="gloo", hang_timeout=4 if how == "stuck" else 30, timeout=90,
-                        log_dir=tmp_path, warm=warm, env={"TMPDIR": tmp, **HIDE_GPUS})
+                        log_dir=tmp_path, warm=warm, max_restarts=max_restarts,
+                        env={"TMPDIR": tmp, **HIDE_GPUS})
     assert result.to_json()["start"] == ("warm" if warm else "cold")
     return result.to_json()
 
@@ -77,6 +79,23 @@ def test_the_launcher_names_the_rank_that_ended_first_and_its_victims(
     assert verdict(warm, how) == verdict(cold, how), \
         f"warm and cold differ:\n{verdict(warm, how)}\n{verdict(cold, how)}"
     check_verdict(warm, how, nproc, failing)
+
+
+# With a restart, each ending twice: the first attempt's entry and the last's, warm and
+# cold alike. A restarted rank writes to its stderr.log again: the thread's failure once
+# lent the first attempt the second's half-written traceback (seen warm; the fake back
+# end of test_follow_order.py replays it).
+@pytest.mark.parametrize("ending", ["sys_exit", "thread_error", "segfault"])
+def test_a_restarted_run_says_the_same_of_each_attempt_warm_and_cold(ending, tmp_path, monkeypatch):
+    monkeypatch.delenv("LABUTILS_START", raising=False)
+    warm = run_ending(ending, 2, 1, tmp_path, warm=True, max_restarts=1)
+    cold = run_ending(ending, 2, 1, tmp_path, warm=False, max_restarts=1)
+    assert (verdict(warm, ending), attempts_verdict(warm)) == (verdict(cold, ending), attempts_verdict(cold))
+    check_verdict(warm, ending, 2, 1)
+    first, last = attempts_verdict(warm)
+    assert (first["outcome"], last["outcome"]) == ("restarted", "failed")
+    assert first == {**last, "outcome": "restarted", "restart_count": 0}
+    assert last["exit_code"] == ENDINGS[ending][2] and ENDINGS[ending][4] in last["why"]
 
 
 # The same contract through the SLURM back end: the six endings that once named the wrong
