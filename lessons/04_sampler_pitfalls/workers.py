@@ -70,6 +70,9 @@ for kind in LOADERS:
                 workers[int(w)] = {"pid": int(pid), "seed": seed}
         report(loader=kind, epoch=epoch, rows=rows, workers=workers,
                first_batch_ms=round(first_batch_ms, 2))
+    # Persistent workers live as long as their loader: end them here, or they are still
+    # running when the script ends and are killed without cleaning up after themselves.
+    del batches, loader
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
