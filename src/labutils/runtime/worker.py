@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any, TextIO
 
@@ -186,7 +187,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def rendezvous_round(environ) -> str:
+def rendezvous_round(environ: Mapping[str, str]) -> str:
     """Which rendezvous round (attempt) a rank's start belongs to, the same for every rank
     of the round: its MASTER_ADDR:MASTER_PORT. With a store per round (launch() sets
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) torchrun picks a fresh port each round. With
