@@ -68,6 +68,18 @@ def only_rank_zero_prints(c):
                  if others or not printed.get(0) else f"rank 0 only ({len(printed[0])} lines)",
                  expected="rank 0 prints the log (on stdout); the other ranks call the collective "
                           "and print nothing")
+        # the log line moved to stderr on the other ranks still logs it once per rank (a job's
+        # log holds both streams): a line of theirs with "loss" showing a mean rank 0 logged
+        means = [r["global_loss"] for r in run.rows("log_step", "global_loss") if r["rank"] == 0]
+        echoed = {r.rank: line for r in run.result.ranks if r.rank != 0
+                  for line in reversed(r.stderr.splitlines())
+                  if "loss" in line and any(_shows(line, mean) for mean in means)}
+        if echoed:
+            c.expect(False, f"{nproc} ranks: the log line on the other ranks' stderr",
+                     measured="; ".join(f"rank {rank} wrote {line.strip()[:80]!r} to stderr"
+                                        for rank, line in sorted(echoed.items())),
+                     expected="the log line from rank 0 only: on another rank's stderr it is "
+                              "still logged once per rank")
 
 
 def _replayed_losses(nproc: int, steps: int) -> dict:

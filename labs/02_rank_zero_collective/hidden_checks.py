@@ -26,8 +26,11 @@ def other_log_interval(c):
         _logged_means(c, run, nproc, OTHER_STEPS, OTHER_LOG_EVERY, label)
 
 
+# Required: a fix tuned to the world sizes the notebook and the public checks show (the other
+# ranks join the all_reduce when rank in (1, 2), or the sum divided by 2 or 3) hangs or logs
+# a wrong mean here only, and passes every other check (0.846 of the lab's points).
 @check("At 4 ranks: the run finishes and every log line shows the loss averaged over all 4 ranks",
-       points=2, visibility="after_published")
+       points=2, visibility="after_published", required=True)
 def at_four_ranks(c):
     nproc = 4
     run = c.run("train.py", nproc, args=ARGS)  # not tried if it hung at 2 or 3 ranks

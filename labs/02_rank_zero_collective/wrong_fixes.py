@@ -65,4 +65,25 @@ WRONG_FIXES = [
             "2026-11-30: caught)",
         base="starter",
         edits={"train.py": [(REDUCE, "        dist.all_reduce(global_loss, async_op=True)  # no waiting\n")]}),
+    WrongFix(
+        "the other ranks join the all_reduce when rank in (1, 2), the ranks the notebook shows",
+        why="right at 2 and 3 ranks; at 4, rank 3 never calls the all_reduce that ranks 0 to 2 "
+            "wait in: a hang (found by an audit, 2026-11-30: it scored 0.846)",
+        base="starter",
+        edits={"train.py": [(S_END, S_END + "    elif rank in (1, 2) and step % args.log_every == 0:\n"
+                                            "        dist.all_reduce(loss.detach().clone())\n")]}),
+    WrongFix(
+        "divides the sum by 2 or 3, the world sizes the notebook shows",
+        why="every rank calls the all_reduce, but the mean is right at 2 and 3 ranks only: at 4 "
+            "the log shows 4/3 of it (found by an audit, 2026-11-30: it scored 0.846)",
+        edits={"train.py": [(MEAN, "        global_loss /= 2 if world_size == 2 else 3\n")]}),
+    WrongFix(
+        "every rank prints the log line, the other ranks on stderr",
+        why="the log line moved to stderr on the ranks other than 0, so that stdout shows one "
+            "rank's log; a job's log holds both streams, and every rank still logs it (found by "
+            "an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [("        if master_process:\n" + PRINT,
+                             "        if True:  # the other ranks' copy goes to stderr\n"
+                             + PRINT.replace('ranks)")', 'ranks)", file=None if master_process else sys.stderr)')),
+                            ("import argparse\n", "import argparse\nimport sys\n")]}),
 ]

@@ -102,4 +102,18 @@ WRONG_FIXES = [
         "the loss divided by a hard-coded 4",
         why="right at --accum 4 only (an audit, 2026-11-30: caught)",
         edits={"train.py": [(SCALED, SCALED.replace("/ args.accum", "/ 4"))]}),
+    WrongFix(
+        "every micro-batch under no_sync, the gradients all-reduced by hand once per step",
+        why="trains right, with one all-reduce a step, but not DDP's: each parameter's own "
+            "all_reduce after the backward, none overlapped with it and none bucketed; only the "
+            "required hidden check's count of DDP's all-reduces keeps it at the pass mark "
+            "(an audit, 2026-11-30: it scored 0.600, caught by that required check)",
+        edits={"train.py": [("        with nullcontext() if sync else model.no_sync():",
+                             "        with model.no_sync():"),
+                            ("    optimizer.step()\n",
+                             "    import torch.distributed as dist\n"
+                             "    for p in model.parameters():\n"
+                             "        dist.all_reduce(p.grad)\n"
+                             "        p.grad /= world_size\n"
+                             "    optimizer.step()\n")]}),
 ]

@@ -100,6 +100,16 @@ WRONG_FIXES = [
              '            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),\n'
              '                        "step": step}, f)\n'
              '        shutil.move(tmp, args.ckpt)\n')]}),
+    WrongFix(
+        "every rank saves and loads a checkpoint file of its own",
+        why="each rank replaces its own checkpoint.pt.rankN whole, and the checks' kills land "
+            "after both ranks saved; but the ranks save at different moments, so a kill between "
+            "two ranks' saves leaves their checkpoints a step apart and the resumed ranks start at "
+            "different steps (found by an audit, 2026-11-30: it scored 1.000)",
+        edits={"train.py": [("rank, world_size, device = init()\n",
+                             "rank, world_size, device = init()\nargs.ckpt = f\"{args.ckpt}.rank{rank}\"\n"),
+                            ("    if rank == 0:\n        # write to a temporary file",
+                             "    if True:  # each rank its own file\n        # write to a temporary file")]}),
 ]
 
 # Not here: every rank writing the checkpoint through the same temporary file. Lab 07's
