@@ -5,7 +5,6 @@ Run them yourself from this folder (the grader runs the same ones):
     python checks.py
 """
 
-import os
 
 import torch
 import torch.nn as nn
@@ -80,17 +79,16 @@ def _whole_files(c, killed, label: str) -> bool:
     in_place = {rank: sorted(loaded & set(seen["writes"])) for rank, seen in files.items()}
     in_place = {rank: paths for rank, paths in sorted(in_place.items()) if paths}
     shared = killed.shared_writes()
-    # A rename is atomic only within one file system: from another folder (the system's
-    # temporary one), os.replace fails there and shutil.move copies, writing in place.
-    afar = sorted(rank for rank, seen in files.items() if any(
-        dst in loaded and os.path.dirname(src) != os.path.dirname(dst) for src, dst in seen["renames"]))
+    # A rename is atomic only within one file system: from outside the checkpoint's folder
+    # (the system's temporary one), os.replace fails there and shutil.move copies.
+    afar = killed.renames_from_outside(loaded)
     if not in_place and not shared and not afar:
         return True
     measured = "; ".join(
         [f"rank {rank} writes {', '.join(paths)} in place, the checkpoint the resumed run loads"
          for rank, paths in in_place.items()]
         + [f"ranks {', '.join(map(str, ranks))} all write {path}" for path, ranks in shared.items()]
-        + [f"rank {rank} renames a file from another folder than the checkpoint's onto it: "
+        + [f"rank {rank} renames a file from outside the checkpoint's folder onto it: "
            "across two file systems (the system's temporary folder is often one of its own) "
            "os.replace fails and shutil.move copies, writing it in place" for rank in afar])
     return c.expect(False, label, measured=measured + " (a kill while it is written leaves a "

@@ -9,7 +9,6 @@ rank does with files: what it opens for writing, what it renames, and the argume
 of every torch.load().
 """
 
-import os
 
 from labutils.grading import check
 
@@ -48,11 +47,9 @@ def _removers(run) -> list[int]:
 
 
 def _from_afar(run) -> list[int]:
-    """Ranks that rename a file from another folder than the checkpoint's (the system's
-    temporary folder) onto it. A rename is atomic only within one file system; across
-    two, os.replace fails and shutil.move copies, writing the file in place."""
-    return sorted(rank for rank, seen in run.probe("files").items() if any(
-        dst == CKPT and os.path.dirname(src) != os.path.dirname(CKPT) for src, dst in seen["renames"]))
+    """Ranks that rename a file from outside the checkpoint's folder (the system's
+    temporary folder) onto it: not atomic (Run.renames_from_outside)."""
+    return run.renames_from_outside({CKPT})
 
 
 def _writers(run) -> list[int]:
@@ -106,8 +103,8 @@ def _kill_while_saving(c, nproc: int, fault: dict) -> None:
                     f"{_ranks(removers)} remove{'s' if len(removers) == 1 else ''} {CKPT} "
                     "before putting the new one in its place, so a kill in between leaves "
                     "no checkpoint (os.replace replaces it in one step)" if removers else
-                    f"{_ranks(afar)} rename{'s' if len(afar) == 1 else ''} a file from another "
-                    f"folder than {CKPT}'s onto it: a rename is atomic only within one file "
+                    f"{_ranks(afar)} rename{'s' if len(afar) == 1 else ''} a file from outside "
+                    f"{CKPT}'s folder onto it: a rename is atomic only within one file "
                     "system (the system's temporary folder is often one of its own; across two, "
                     f"os.replace fails and shutil.move copies, writing {CKPT} in place)")
         c.expect(False, label, measured=f"{measured} (this time: {this_time})",
@@ -148,25 +145,28 @@ def kill_between_checkpoints(c):
 def one_writer(c):
     for nproc in (2, 3):
         run = _plain(c, nproc)
-        if not c.completed(run, f"{nproc} ranks"):
-            continue
-        writers, beside = _writers(run), _beside(run)
-        ranks = sorted(set(writers) | set(beside))
-        if len(ranks) == 1:
-            measured = f"{_ranks(ranks)} wrote {CKPT}" if writers else \
-                f"{_ranks(ranks)} wrote {', '.join(beside[ranks[0]])}, never {CKPT}"
-        elif not ranks:
-            measured = f"no rank wrote {CKPT}"
-        else:
-            measured = "; ".join(
-                f"rank {rank} " + " and ".join(
-                    ([f"wrote {', '.join(beside[rank])}"] if rank in beside else [])
-                    + ([f"renamed a file onto {CKPT}"]
-                       if rank in writers and CKPT not in beside.get(rank, []) else []))
-                for rank in ranks)
-        c.expect(len(ranks) == 1 and bool(writers), f"{nproc} ranks", measured=measured,
-                 expected=f"one rank writes {CKPT} (through a temporary file beside it); the "
-                          "others hold the same state and write no file, there or elsewhere")
+        if c.completed(run, f"{nproc} ranks"):
+            _expect_one_writer(c, run, f"{nproc} ranks")
+
+
+def _expect_one_writer(c, run, label: str, others: str = "the others") -> None:
+    writers, beside = _writers(run), _beside(run)
+    ranks = sorted(set(writers) | set(beside))
+    if len(ranks) == 1:
+        measured = f"{_ranks(ranks)} wrote {CKPT}" if writers else \
+            f"{_ranks(ranks)} wrote {', '.join(beside[ranks[0]])}, never {CKPT}"
+    elif not ranks:
+        measured = f"no rank wrote {CKPT}"
+    else:
+        measured = "; ".join(
+            f"rank {rank} " + " and ".join(
+                ([f"wrote {', '.join(beside[rank])}"] if rank in beside else [])
+                + ([f"renamed a file onto {CKPT}"]
+                   if rank in writers and CKPT not in beside.get(rank, []) else []))
+            for rank in ranks)
+    c.expect(len(ranks) == 1 and bool(writers), label, measured=measured,
+             expected=f"one rank writes {CKPT} (through a temporary file beside it); {others} "
+                      "hold the same state and write no file, there or elsewhere")
 
 
 @check(f"The writing rank killed halfway through writing {CKPT}: the run resumes and ends "

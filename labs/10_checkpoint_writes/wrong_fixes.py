@@ -124,6 +124,16 @@ WRONG_FIXES = [
              '    fd, partial = tempfile.mkstemp(suffix=".partial")\n'
              '    with os.fdopen(fd, "wb") as f:\n'),
             (REPLACE, "    shutil.move(partial, path)\n")]}),
+    WrongFix(
+        "one writer picked by LOCAL_RANK == 0",
+        why="one writer on one machine, where every other check runs, but one per node on a "
+            "cluster, whose nodes share the checkpoint's storage: every node's first rank writes "
+            "the same checkpoint.pt.partial at once and renames it, the lab's bug again; two "
+            "torchrun agents of one rank each on one machine show it (found by an audit, "
+            "2026-11-30: it scored 1.000)",
+        edits={"train.py": [(
+            "    if rank == 0:  # the ranks hold identical state: one writer, no race on the file\n",
+            "    if int(os.environ.get(\"LOCAL_RANK\", \"0\")) == 0:  # one writer per machine\n")]}),
 ]
 
 # Not here, as no CPU run can catch them: map_location="cuda:0" (or f"cuda:{rank}", the

@@ -81,4 +81,15 @@ WRONG_FIXES = [
     x, y = torch.cat(xs), torch.cat(ys)  # the whole step's batch, as one process would see it
     corrupt = torch.isnan(y).any().float().reshape(1)
 ''')]}),
+    WrongFix(
+        "no collective: every rank reads the whole sensor log through readings._sensor_log",
+        why="the catalogue's 'every rank reads every rank's readings' through the private "
+            "helper own_shard() calls, which did not refuse another rank's readings: no "
+            "collective, and on a cluster no rank holds another's sensor (found by an audit, "
+            "2026-11-30: it scored 1.000)",
+        edits={"train.py": [(VOTE, '''    from readings import _sensor_log  # every sensor's readings: no collective
+    _, every_target = _sensor_log(args.items, args.corrupt, args.seed)
+    whole = world_size * args.batch_size
+    corrupt = torch.isnan(every_target[step * whole:(step + 1) * whole]).any().float().reshape(1)
+''')]}),
 ]

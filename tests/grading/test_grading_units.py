@@ -170,6 +170,28 @@ def test_a_repeated_launch_is_a_run_of_its_own_and_cached_as_one(tmp_path, monke
             checker.run("train.py", 3, args=args, repeat=bad)
 
 
+def test_a_launch_on_two_nodes_is_a_run_of_its_own(tmp_path, monkeypatch):
+    """nnodes=2 (two torchrun agents on this machine, LOCAL_RANK 0 on each) is another
+    launch than the same ranks on one node, and reaches _launch; nnodes=1 is the default."""
+    checker = Checker(tmp_path, tmp_path, tmp_path / "scratch")
+    launched = []
+
+    def fake_launch(path, nproc, args, measure, fault, max_restarts, timeout, hang_timeout, label,
+                    nnodes=1):
+        launched.append((label, nnodes))
+        return Run(label=label, result=_result("ok"), learner_dir=tmp_path)
+
+    monkeypatch.setattr(checker, "_launch", fake_launch)
+    one = checker.run("train.py", 1, measure=["files"])
+    two = checker.run("train.py", 1, measure=["files"], nnodes=2)
+    assert two is not one and checker.run("train.py", 1, measure=["files"], nnodes=2) is two
+    assert checker.run("train.py", 1, measure=["files"], nnodes=1) is one
+    assert launched == [("train.py on 1 rank", 1), ("train.py on 1 rank per node x 2 nodes", 2)]
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="nnodes must be a whole number >= 1"):
+            checker.run("train.py", 1, nnodes=bad)
+
+
 # ----------------------------------------------------------------- notebooks
 
 def _nb(*cells):
@@ -599,3 +621,25 @@ def test_a_file_named_like_a_module_torch_imports_is_named_in_the_feedback(tmp_p
     runs = [out for name, out in tests.items() if "could not start" in out]
     assert runs and all("got 'queue.py'; rename it (e.g. my_queue.py)" in out for out in runs), tests
     assert not any("labutils-grade-" in out or str(tmp_path) in out for out in tests.values()), tests
+
+
+def test_a_rename_counts_as_from_outside_only_from_beyond_the_targets_folder(tmp_path):
+    """Labs 07 and 10: a temporary file beside the checkpoint or in a folder inside its
+    folder is on its file system; one from the system's temporary folder (absolute, as
+    the probe writes paths outside the run's folder) or from a folder above is not. A
+    correct fix writing checkpoints/.tmp/x scored 0.588 in lab 10 when any other folder
+    counted."""
+    result = _result("ok")
+    result.records = [{"rank": rank, "probe": "files", "writes": [], "loads": [], "renames": renames}
+                      for rank, renames in enumerate([
+                          [["ckpt/checkpoint.pt.partial", "ckpt/checkpoint.pt"]],   # beside it
+                          [["ckpt/.tmp/x", "ckpt/checkpoint.pt"]],                  # inside its folder
+                          [["/tmp/x", "ckpt/checkpoint.pt"]],                       # another file system
+                          [["other/x", "ckpt/checkpoint.pt"]],                      # a folder beside
+                          [["ckpt/../x", "ckpt/checkpoint.pt"]],
+                          [["/tmp/x", "/data/ckpt/checkpoint.pt"]],                 # both absolute
+                          [["/data/ckpt/.tmp/x", "/data/ckpt/checkpoint.pt"]],
+                          [["/tmp/x", "ckpt/elsewhere.pt"]]])]                      # not a target
+    run = Run(label="train.py on 8 ranks", result=result, learner_dir=tmp_path)
+    assert run.renames_from_outside({"ckpt/checkpoint.pt", "/data/ckpt/checkpoint.pt"}) == [2, 3, 4, 5]
+    assert run.renames_from_outside(set()) == []

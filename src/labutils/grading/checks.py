@@ -211,6 +211,21 @@ class Run:
                 ranks.setdefault(path, set()).add(rank)
         return {path: sorted(r) for path, r in sorted(ranks.items()) if len(r) > 1}
 
+    def renames_from_outside(self, targets: set[str]) -> list[int]:
+        """Ranks that rename onto one of `targets` a file from outside that target's
+        folder (probe "files"). A rename is atomic only within one file system; across
+        two (the system's temporary folder is often one of its own), os.replace fails
+        and shutil.move copies, writing the target in place. A file in the target's
+        folder, or in a folder inside it (checkpoints/.tmp/), counts as on its file
+        system. The probe writes a path inside the working directory relative to it,
+        and any other absolute."""
+        def outside(src: str, dst: str) -> bool:
+            up = os.path.relpath(src, os.path.dirname(dst) or os.curdir)
+            return os.path.isabs(src) != os.path.isabs(dst) or up == os.pardir \
+                or up.startswith(os.pardir + os.sep)
+        return sorted(rank for rank, seen in self.probe("files").items()
+                      if any(dst in targets and outside(src, dst) for src, dst in seen["renames"]))
+
     def steps_taken(self) -> list[dict[int, int]]:
         """Per attempt, in order: rank -> optimizer steps it took (probe "steps"); an
         attempt killed halfway counts the steps taken before the kill."""
@@ -342,6 +357,7 @@ class Checker:
         timeout: float = DEFAULT_RUN_TIMEOUT,
         hang_timeout: float = DEFAULT_HANG_TIMEOUT,
         repeat: int = 0,
+        nnodes: int = 1,
     ) -> Run:
         """Launch a script on nproc ranks in a fresh working directory; cached.
 
@@ -365,17 +381,25 @@ class Checker:
             repeat: 0 for the launch's run that every check shares; 1, 2, ...: the same
                 launch run again, later and apart, for a check that compares runs (two
                 runs with the same --seed train on the same data).
+            nnodes: torchrun agents ("nodes"), each with nproc ranks, all on this machine
+                (launch()'s local agents): the run has nproc x nnodes ranks, and
+                LOCAL_RANK counts each node's ranks from 0, as on a cluster.
         """
         path = script if isinstance(script, Path) else self.learner_file(str(script))
         args = [str(a) for a in args]
         measure = tuple(sorted(measure))
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 0:
             raise ValueError(f"repeat must be a whole number >= 0, got {repeat!r}")
+        if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
+            raise ValueError(f"nnodes must be a whole number >= 1, got {nnodes!r}")
         family = json.dumps([str(path), args, measure, fault, max_restarts]
-                            + ([repeat] if repeat else []))
+                            + ([repeat] if repeat else [])
+                            + ([{"nnodes": nnodes}] if nnodes > 1 else []))
         if (family, nproc) in self.cache:
             return self.cache[family, nproc]
         label = f"{path.name} on {nproc} rank{'s' if nproc > 1 else ''}"
+        if nnodes > 1:
+            label += f" per node x {nnodes} nodes"
         if args:
             label += " " + " ".join(args)
         if repeat:
@@ -390,12 +414,12 @@ class Checker:
             run = self._run(label, skipped=f"not tried, since it did not finish at {n} ranks")
         else:
             run = self._launch(path, nproc, args, measure, fault, max_restarts, timeout,
-                               hang_timeout, label)
+                               hang_timeout, label, **({"nnodes": nnodes} if nnodes > 1 else {}))
         self.cache[family, nproc] = run
         return run
 
     def _launch(self, path, nproc, args, measure, fault, max_restarts, timeout,
-                hang_timeout, label) -> Run:
+                hang_timeout, label, nnodes=1) -> Run:
         from labutils.errors import LaunchConfigError
         from labutils.grading.probe import launch_measured, own_records
         from labutils.grading.procs import hang_scale
@@ -413,6 +437,8 @@ class Checker:
         options = dict(args=args, hang_timeout=hang_timeout * scale, timeout=timeout * scale,
                        max_restarts=max_restarts, fault=fault, display="none",
                        log_dir=workdir / "runs", backend="gloo", env={"OMP_NUM_THREADS": "1"})
+        if nnodes > 1:
+            options["nnodes"] = nnodes
         here = os.getcwd()
         os.chdir(workdir)  # files a script writes (checkpoints) stay with its run
         try:
