@@ -27,8 +27,8 @@ def kill_while_saving_elsewhere(c):
 # ("nodes") of one rank each on this machine show it: LOCAL_RANK is 0 on both ranks.
 # One point: the fixes that fail the kills only (a write in place, os.remove before the
 # rename, shutil.move from /tmp) stay as far below the pass mark as they can.
-@check(f"One rank writes {CKPT} on a cluster: 2 nodes of 1 rank each, sharing the "
-       "checkpoint's folder", points=1, required=True, visibility="after_published")
+@check(f"On a cluster of 2 nodes of 1 rank each, sharing the checkpoint's folder, one rank "
+       f"writes {CKPT}", points=1, required=True, visibility="after_published")
 def one_writer_on_two_nodes(c):
     run = c.run("train.py", 1, args=["--steps", STEPS], measure=["weights", "files"], nnodes=2)
     label = "2 nodes x 1 rank (LOCAL_RANK is 0 on both; RANK 0 and 1)"

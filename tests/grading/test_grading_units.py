@@ -643,3 +643,25 @@ def test_a_rename_counts_as_from_outside_only_from_beyond_the_targets_folder(tmp
     run = Run(label="train.py on 8 ranks", result=result, learner_dir=tmp_path)
     assert run.renames_from_outside({"ckpt/checkpoint.pt", "/data/ckpt/checkpoint.pt"}) == [2, 3, 4, 5]
     assert run.renames_from_outside(set()) == []
+
+
+def test_a_starter_fails_prefix_that_names_two_checks_is_a_problem_of_the_release():
+    """lab.json's starter_fails names each check the starter fails by a prefix of its
+    title: a new hidden check whose title began like an older one's ("One rank writes
+    checkpoint.pt") was counted with it, and release verified a starter that failed five
+    checks against four prefixes."""
+    from labutils.grading.release import starter_problems
+
+    def graded(*failing_names):
+        tests = [{"name": name, "status": "failed" if name in failing_names else "passed", "max_score": 1}
+                 for name in ("One rank writes checkpoint.pt at 2 ranks",
+                              "One rank writes checkpoint.pt on a cluster", "The run resumes")]
+        return {"tests": tests, "notebook": {"status": "completed"}, "passed": False}
+
+    both = graded("One rank writes checkpoint.pt at 2 ranks", "One rank writes checkpoint.pt on a cluster")
+    problems = starter_problems(both, ["One rank writes checkpoint.pt"])
+    assert problems == ["starter_fails' 'One rank writes checkpoint.pt' names 2 checks (One rank writes "
+                        "checkpoint.pt at 2 ranks; One rank writes checkpoint.pt on a cluster): give each "
+                        "check a prefix of its own"]
+    assert starter_problems(both, ["One rank writes checkpoint.pt at", "One rank writes checkpoint.pt on"]) == []
+    assert starter_problems(graded("The run resumes"), ["The run"]) == []

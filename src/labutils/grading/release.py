@@ -67,7 +67,12 @@ def starter_problems(result: dict, starter_fails: list[str]) -> list[str]:
                         f"({result.get('notebook', {}).get('status')})")
     failing = [t["name"] for t in result["tests"] if t["status"] != "passed" and t["max_score"]
                and t["name"] != "The notebook runs from top to bottom"]
+    scored = [t["name"] for t in result["tests"] if t["max_score"]]
     for prefix in starter_fails:
+        named = [name for name in scored if name.startswith(prefix)]
+        if len(named) > 1:
+            problems.append(f"starter_fails' {prefix!r} names {len(named)} checks ("
+                            + "; ".join(named) + "): give each check a prefix of its own")
         if not any(name.startswith(prefix) for name in failing):
             problems.append(f"expected to fail but passed: {prefix}...")
     unexpected = [n for n in failing if not any(n.startswith(p) for p in starter_fails)]
