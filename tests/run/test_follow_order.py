@@ -171,3 +171,33 @@ def test_an_attempts_ending_reads_its_own_stderr_not_the_restarted_ranks(tmp_pat
     why = ("SystemExit: exit code 1, after thread Thread-1 (fail_in_a_thread) raised "
            "RuntimeError: the loader thread failed")
     assert [(a["failed_rank"], a["why"]) for a in result.attempts] == [(1, why), (1, why)], result.attempts
+
+
+def test_a_stopped_job_waits_for_the_other_nodes_to_say_their_ranks_are_gone(tmp_path, monkeypatch):
+    """Each node stops its own ranks; node 0 once settled its result before node 1's agent
+    had reaped its ranks (a loaded machine), and ranks 2 and 3 were neither placed nor
+    given an exit code. It now waits for done-node1, AGENT_GRACE_S at most."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from labutils.run import follow
+    from labutils.run.nodes import NodeFiles
+
+    nodes = NodeFiles(tmp_path, "node0", note=print)
+    run = SimpleNamespace(state=SimpleNamespace(shared=True, fold=SimpleNamespace(remote_nodes={"node1"})),
+                          nodes=nodes)
+    marker = runfiles.node_done_path(tmp_path, "node1")
+    threading.Timer(0.4, marker.touch).start()
+    started = time.monotonic()
+    follow.Run._wait_for_other_nodes(run)
+    assert marker.exists() and 0.3 <= time.monotonic() - started < 5
+    marker.unlink()
+    monkeypatch.setattr(follow, "AGENT_GRACE_S", 0.3)   # a node that never says so: bounded
+    started = time.monotonic()
+    follow.Run._wait_for_other_nodes(run)
+    assert 0.3 <= time.monotonic() - started < 2
+    run.state.shared = False                             # one node: nothing to wait for
+    started = time.monotonic()
+    follow.Run._wait_for_other_nodes(run)
+    assert time.monotonic() - started < 0.1

@@ -329,6 +329,7 @@ class Run:
         self.state.signalled.update(ranks)  # a SIGTERM from here ends none on its own
         self.state.backend.stop(ranks, self.state.reason, self.display.note, again=again)
         self.nodes.mark_done()  # this node's ranks are gone: the others need not wait
+        self._wait_for_other_nodes()
         self._poll(final=True)
         for socket_path in self._debug_sockets.values():  # ranks that ended at a breakpoint
             runfiles.remove_socket_folder(socket_path, runfiles.DEBUG_SOCKET_PREFIX)
@@ -338,6 +339,21 @@ class Run:
         for tail in self.events:
             tail.close()
         self.endings.close()
+
+    def _wait_for_other_nodes(self) -> None:
+        """A job that shares its run folder across nodes and is being stopped: each node
+        stops its own ranks, a moment after this one told it to. Wait (AGENT_GRACE_S at
+        most) until every other node seen in the run folder has said its ranks are gone
+        (done-<node>), so that the result reads how and where they ended: their agents'
+        reaps and the stacks SIGTERM made them dump. Without the wait a loaded machine's
+        second node wrote them after the first had settled its result, whose ranks 2
+        and 3 were then "killed", neither placed nor given an exit code."""
+        remote = self.state.fold.remote_nodes
+        if not self.state.shared or not remote:
+            return
+        deadline = time.monotonic() + AGENT_GRACE_S
+        while not all(self.nodes.done(t) for t in remote) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     # ------------------------------------------------------------- following
     def read_new(self) -> None:
