@@ -9,6 +9,7 @@ why they started cold. The launcher's other tests run both ways (conftest.py).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -80,6 +81,7 @@ def test_a_warm_rank_sees_what_a_cold_rank_sees(runs_dir, tmp_path, monkeypatch)
     assert seen["sigterm"] == str(signal.SIG_DFL) and seen["blocked"] == []
     assert seen["workers"] == [[0, 1, 4], [9, 16, 25]] and seen["spawned"] == [1, 4, 9]
     assert seen["stdin"] == "" and seen["stdout_write_through"]
+    assert seen["collector"] == [True, list(gc.get_threshold())]  # the server imports without it
     # read from the run's environment and its folder, not fixed when the server started
     assert seen["tmpdir"] == str(tmp_path / "tmp")
     assert seen["inductor_cache"].startswith(str(tmp_path / "tmp"))

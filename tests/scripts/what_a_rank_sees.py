@@ -1,5 +1,6 @@
 """Reports what a rank sees of its own process, for comparing a warm start with a cold
 one (tests/run/test_warm.py): each value must be the same whichever way the rank started."""
+import gc
 import locale
 import logging
 import multiprocessing
@@ -63,6 +64,7 @@ if __name__ == "__main__":
         torch_seed=torch.initial_seed(), torch_draw=draw,
         tmpdir=tempfile.gettempdir(), umask=umask, flags=list(sys.flags),
         encodings=[sys.stdout.encoding, sys.getfilesystemencoding(), locale.getpreferredencoding(False)],
+        collector=[gc.isenabled(), list(gc.get_threshold())],
         path=sys.path, env=sorted(os.environ), debug_dir=debug_dir, inductor_cache=inductor_cache,
     )
     dist.destroy_process_group()
