@@ -121,7 +121,7 @@ def test_one_node_is_a_master_alone():
 
 
 def test_every_pod_runs_torchrun_with_its_node_rank(monkeypatch):
-    m = job(nnodes=3, nproc=2, args=["--epochs", "2"], max_restarts=1)
+    m = job(nnodes=3, nproc=2, args=["--epochs", "2"])
     seen = []
     for role, index, container in pods(m):
         env = operator_env(m, role, index, container)
@@ -129,11 +129,29 @@ def test_every_pod_runs_torchrun_with_its_node_rank(monkeypatch):
         assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 2)
         assert config.rdzv_backend == "static"
         assert config.rdzv_endpoint == f"first-allreduce-master-0:{RENDEZVOUS_PORT}"
-        assert config.max_restarts == 1
+        assert config.max_restarts == 0
         assert args.training_script == SCRIPT and (REPO / args.training_script).is_file()
         assert args.training_script_args == ["--epochs", "2"]
         seen.append(config.rdzv_configs["rank"])
     assert sorted(seen) == [0, 1, 2]  # each pod a different node; global rank = node*2 + local
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "labutils"])
+def test_a_fixed_job_that_may_restart_meets_through_c10d_at_the_master(launcher, monkeypatch):
+    """torch's static rendezvous keeps one store for every attempt: restarted ranks read
+    the last attempt's addresses and fail in init_process_group (tests/run/test_multinode.py)."""
+    m = job(nnodes=3, nproc=2, args=["--epochs", "2"], max_restarts=1, launcher=launcher)
+    for role, index, container in pods(m):
+        command = " ".join(container["command"])
+        assert "--node-rank" not in command and "$(RANK)" not in command, command
+        assert "--max-restarts" in command and "c10d" in command or launcher == "labutils", command
+        assert "$(MASTER_ADDR):$(MASTER_PORT)" in command, command
+        if launcher == "torchrun":
+            env = operator_env(m, role, index, container)
+            _, config = torchrun_config(expanded(container["command"], env), env, monkeypatch)
+            assert (config.min_nodes, config.max_nodes, config.rdzv_backend) == (3, 3, "c10d")
+            assert config.rdzv_endpoint == f"first-allreduce-master-0:{RENDEZVOUS_PORT}"
+            assert (config.run_id, config.max_restarts) == ("first-allreduce", 1)
 
 
 @pytest.mark.slow

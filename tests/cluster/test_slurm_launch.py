@@ -94,6 +94,21 @@ def test_planted_failure_names_its_rank(slurm_cluster, job, tmp_path):
     assert set(nodes.values()) == {"failed"} and len(nodes) == slurm_cluster.nodes, nodes
 
 
+def test_a_job_that_may_restart_recovers_from_a_fault(slurm_cluster, job, tmp_path):
+    """Rank 1 killed at step 1: its node restarts its ranks, the other node joins the next
+    round, and the job finishes. The nodes meet through c10d, no --node-rank (with node
+    ranks torch's static rendezvous keeps one store, and the restart failed in
+    init_process_group)."""
+    result = launch(job, args=["ok"], scheduler="slurm", log_dir=tmp_path / "runs",
+                    display="none", hang_timeout=60, timeout=180, max_restarts=1,
+                    fault={"rank": 1, "step": 1}, **_layout(slurm_cluster))
+    assert result.ok, result.headline()
+    attempts = result.to_json()["attempts"]
+    assert [(a["outcome"], a["failed_rank"]) for a in attempts] == [("restarted", 1), ("ok", None)]
+    assert "--node-rank" not in (result.log_dir / "job.sbatch").read_text()
+    assert not slurm_queue().strip()
+
+
 def test_hang_is_diagnosed_and_the_job_cancelled(slurm_cluster, job, tmp_path):
     result = launch(job, args=["hang"], scheduler="slurm", log_dir=tmp_path / "runs",
                     display="none", hang_timeout=5, timeout=180, **_layout(slurm_cluster))

@@ -17,8 +17,8 @@ import warnings
 
 import psutil
 import pytest
+from endings_table import ENDINGS, attempts_verdict, check_verdict
 from endings_table import SCRIPT as ENDINGS_SCRIPT
-from endings_table import check_verdict
 from helpers import SCRIPTS, stop_once
 
 from labutils.runtime import runfiles
@@ -157,6 +157,44 @@ def test_endings_across_nodes_get_the_verdict_of_one_machine(hosts, tmp_path, ho
     assert not _leftovers(result.log_dir)
 
 
+@pytest.mark.parametrize("how", ["sys_exit", "segfault"])
+def test_a_restarted_job_says_the_same_of_each_attempt_on_every_node(hosts, tmp_path, how):
+    """A job that may restart meets through c10d, a store of its own per attempt (with
+    node ranks, torch's static rendezvous kept one store, and every restart failed in
+    init_process_group: "Gloo connectFullMesh failed ... Connection refused", the
+    restarted ranks reading the first attempt's addresses). Rank 3 ends the same way in
+    both attempts: the first is "restarted", the second "failed", and each names rank 3
+    with its exit status, as one machine's run does (tests/run/test_endings.py)."""
+    result = hosts.launch(ENDINGS_SCRIPT, 2, args=[how, "3"], log_dir=tmp_path / "runs",
+                          display="none", hang_timeout=30, timeout=150, max_restarts=1)
+    summary = result.to_json()
+    check_verdict(summary, how, 4, 3)
+    first, last = attempts_verdict(summary)
+    assert (first["outcome"], last["outcome"]) == ("restarted", "failed"), (first, last)
+    assert first == {**last, "outcome": "restarted", "restart_count": 0}, (first, last)
+    assert last["exit_code"] == ENDINGS[how][2] and ENDINGS[how][4] in last["why"], last
+    assert not _leftovers(result.log_dir)
+
+
+def test_a_job_across_nodes_recovers_from_a_fault(hosts, tmp_path):
+    """Rank 3 killed at step 1 (an injected fault): both nodes restart their ranks, which
+    meet again at node 0's address and finish."""
+    job = tmp_path / "job.py"
+    job.write_text(JOB.replace("report(step=step, total=", "report(master=os.environ['MASTER_ADDR'], "
+                               "node=os.environ['GROUP_RANK'], step=step, total="))
+    result = hosts.launch(job, 2, args=["ok"], log_dir=tmp_path / "runs", display="none",
+                          hang_timeout=30, timeout=150, max_restarts=1, fault={"rank": 3, "step": 1})
+    assert result.ok, result.headline()
+    attempts = result.to_json()["attempts"]
+    assert [(a["outcome"], a["failed_rank"]) for a in attempts] == [("restarted", 3), ("ok", None)]
+    last = [r for r in result.records if r["step"] == STEPS - 1]
+    assert sorted(r["rank"] for r in last) == [0, 1, 2, 3]
+    assert {r["master"] for r in last} == {hosts.addresses[0]}  # rank 0's store, on node 0
+    assert {r["node"] for r in last} == {"0", "1"}  # two ranks on each node
+    assert sorted(r["node"] for r in last).count("0") == 2
+    assert not _leftovers(result.log_dir)
+
+
 def test_other_node_failing_before_init_is_a_failure_not_a_hang(hosts, job, tmp_path):
     result = hosts.launch(job, 2, args=["early"], log_dir=tmp_path / "runs",
                               display="none", hang_timeout=60, timeout=120)
@@ -253,6 +291,7 @@ def test_multinode_spec_and_torchrun_command(job):
     (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes=2, node_rank=2), "node_rank"),
     (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes="1:2", node_rank=0), "nnodes"),
     (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes=2, local_agents=2), "local_agents"),
+    (dict(rdzv_endpoint="h:1", rdzv_id="a", nnodes=2, node_rank=0, max_restarts=1), "node_rank"),
 ])
 def test_bad_multinode_input_is_one_line(job, kwargs, what):
     with pytest.raises(LaunchConfigError) as err:

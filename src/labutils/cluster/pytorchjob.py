@@ -99,8 +99,11 @@ def pytorchjob(
             job (a crash is reported, torchrun's --max-restarts retries inside the pod),
             OnFailure for an elastic one (a lost pod comes back and rejoins).
         elastic: (min, max) pods for an elastic job with torchrun's c10d rendezvous
-            (elasticPolicy); None: a fixed job with torchrun's static rendezvous.
-        max_restarts: torchrun --max-restarts (and elasticPolicy.maxRestarts).
+            (elasticPolicy); None: a fixed job, with torchrun's static rendezvous (pod k
+            is node k) when max_restarts is 0, else c10d at the Master's address.
+        max_restarts: torchrun --max-restarts (and elasticPolicy.maxRestarts). A fixed
+            job that may restart meets through c10d: torch's static rendezvous keeps one
+            store for every attempt, and restarted ranks read the last attempt's addresses.
         volume_claim: a PersistentVolumeClaim mounted in every pod at ``mount_path``
             for run logs and checkpoints; None: no shared volume.
         mount_path: where the claim is mounted.
@@ -202,9 +205,12 @@ def _count(n: int, word: str) -> str:
 def _torchrun_command(script, args, *, name, nnodes, nproc, elastic, max_restarts, gpus,
                       log_dir) -> list[str]:
     command = ["torchrun", f"--nproc-per-node={nproc}"]
-    if elastic is None:  # static rendezvous: the Master pod hosts the store, each pod knows its rank
+    if elastic is None and not max_restarts:  # static: the Master pod hosts the store, each pod knows its rank
         command += [f"--nnodes={nnodes}", "--node-rank=$(RANK)",
                     "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"]
+    elif elastic is None:  # c10d on the Master pod: a store of its own for every attempt
+        command += [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+                    "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)", f"--rdzv-id={name}"]
     else:  # c10d rendezvous on worker-0: pods may come and go between MIN and MAX
         command += [f"--nnodes={elastic[0]}:{elastic[1]}", "--rdzv-backend=c10d",
                     "--rdzv-endpoint=$(PET_RDZV_ENDPOINT)", f"--rdzv-id={name}"]
@@ -222,7 +228,8 @@ def _labutils_command(script, args, *, name, nnodes, nproc, elastic, max_restart
     # the Master pod's address. With a log folder every pod writes into one run folder
     # there, so rank 0's summary sees all ranks.
     return ["labutils", *node_words(
-        script=script, nproc=nproc, args=args, nnodes=nnodes, node_rank="$(RANK)",
+        script=script, nproc=nproc, args=args, nnodes=nnodes,
+        node_rank=None if max_restarts else "$(RANK)",  # static only when nothing restarts
         rdzv_endpoint="$(MASTER_ADDR):$(MASTER_PORT)", rdzv_id=name, max_restarts=max_restarts,
         backend="nccl" if gpus else "auto", log_dir=log_dir)]
 

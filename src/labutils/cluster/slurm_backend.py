@@ -87,9 +87,11 @@ class SlurmBackend(Backend):
         """One node's `labutils launch` (node's fields are the batch script's shell values)."""
         spec = self.spec
         # This launcher reads the stacks of a hung job (hang_timeout None on the nodes);
-        # the nodes only stop when it says so (stop.json) or at the timeout.
+        # the nodes only stop when it says so (stop.json) or at the timeout. A job that may
+        # restart meets through c10d, without node ranks (spec.make_spec says why).
         return [node.python, "-m", "labutils.cli", *node_words(
-            script=node.script, nproc=spec.nproc, nnodes=node.nnodes, node_rank=node.node_rank,
+            script=node.script, nproc=spec.nproc, nnodes=node.nnodes,
+            node_rank=None if spec.max_restarts else node.node_rank,
             rdzv_endpoint=node.rdzv_endpoint, rdzv_id=self.run_dir.name,
             log_dir=str(self.run_dir.parent), backend=spec.backend, hang_timeout=None,
             max_restarts=spec.max_restarts, timeout=spec.timeout, fault=spec.fault,

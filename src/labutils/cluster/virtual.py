@@ -153,7 +153,9 @@ class VirtualCluster:
                node_timeout: float = 30.0, **launch_kwargs) -> RunResult:
         """Run script as a job of one node per host, nproc ranks per node (global rank
         = host * nproc + local rank); returns node 0's RunResult, which shows every
-        rank (the nodes share the run folder) and carries result.cluster.
+        rank (the nodes share the run folder) and carries result.cluster. A job that
+        may restart (max_restarts) meets through c10d at host 0, each host giving its
+        own address, and torchrun numbers the nodes (in the order of their addresses).
 
         Node 0 runs here through launch(); nodes 1..N-1 through `labutils launch` on
         their hosts, with the same nproc, args, env, backend, hang_timeout, timeout
@@ -188,23 +190,31 @@ class VirtualCluster:
         rdzv_id = rdzv_id or f"{Path(str(script)).stem}-{uuid.uuid4().hex[:8]}"
         endpoint = f"{self.addresses[0]}:{free_port(self.addresses[0])}"
         root = runs_root(log_dir).resolve()
-        job = prepare(script, nproc, node_rank=0, display=display,  # checks input
-                      env=self._node_env(0, env), nnodes=self.hosts, rdzv_endpoint=endpoint,
+        ranked = not launch_kwargs.get("max_restarts")
+        if not ranked:
+            # c10d, node 0 hosting the rendezvous: said, not found out (torchrun would look
+            # its host up by the machine's name, which does not resolve in a namespace)
+            conf = launch_kwargs.get("rdzv_conf") or {}
+            launch_kwargs = {**launch_kwargs, "rdzv_conf": {**conf, "is_host": "true"}}
+        job = prepare(script, nproc, node_rank=0 if ranked else None, display=display,  # checks input
+                      env=self._node_env(0, env, not ranked), nnodes=self.hosts, rdzv_endpoint=endpoint,
                       rdzv_id=rdzv_id, log_dir=root, args=args, **launch_kwargs)
+        if not ranked:
+            launch_kwargs = {**launch_kwargs, "rdzv_conf": {**conf, "is_host": "false"}}
         # one line for the whole cluster, not node 0's rendezvous address and interface
         job.node_notes = False
         job.notes.append(f"virtual cluster: {self.describe()}")
         nodes: list[tuple[subprocess.Popen, IO[bytes]]] = []
         try:
             for host in range(1, self.hosts):
-                words = node_launch_words(script, nproc, hosts=self.hosts, host=host,
+                words = node_launch_words(script, nproc, hosts=self.hosts, host=host, ranked=ranked,
                                           endpoint=endpoint, rdzv_id=rdzv_id, log_dir=root,
                                           args=args, launch_kwargs=launch_kwargs)
                 out = open(job.run_dir / f"node{host}.out", "wb")  # noqa: SIM115 - closed below
                 proc = subprocess.Popen(
                     self.command(host, words), stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, **self._node_env(host, env),
+                    env={**os.environ, **self._node_env(host, env, not ranked),
                          runfiles.ENV_DIE_WITH: str(os.getpid())})
                 nodes.append((proc, out))
                 threading.Thread(target=watch_node, args=(proc, job.run_dir, f"node{host}"),
@@ -217,7 +227,7 @@ class VirtualCluster:
         finally:
             _end_nodes(nodes, node_timeout)
 
-    def _node_env(self, host: int, env: dict | None) -> dict[str, str]:
+    def _node_env(self, host: int, env: dict | None, c10d: bool = False) -> dict[str, str]:
         """The ranks' environment on host: labutils.dist.link_bytes() reads the link's
         name; every host is this machine, so its ranks share its GPUs with the other
         hosts' (labutils.dist.init() counts them all before choosing nccl)."""
@@ -225,7 +235,10 @@ class VirtualCluster:
 
         name = self.interfaces[host] if self.mode == "namespaces" else None
         link = {runfiles.ENV_LINK: name} if name else {}
-        return {**(env or {}), **link, runfiles.ENV_LOCAL_AGENT: f"{host}/{self.hosts}"}
+        # c10d: the address torchrun gives for this host (rendezvous and MASTER_ADDR); its
+        # own guess, the machine's name, reaches no other host
+        local = {"PET_LOCAL_ADDR": self.addresses[host]} if c10d else {}
+        return {**(env or {}), **link, **local, runfiles.ENV_LOCAL_AGENT: f"{host}/{self.hosts}"}
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -246,7 +259,7 @@ class VirtualCluster:
 
 def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host: int,
                       endpoint: str, rdzv_id: str, log_dir: Path, args: Sequence,
-                      launch_kwargs: dict) -> list[str]:
+                      launch_kwargs: dict, ranked: bool = True) -> list[str]:
     """The `labutils launch` command that node `host` (1..hosts-1) of a job on a virtual
     cluster runs on its host: node 0's nproc, args and other launch() options, the
     rendezvous at node 0, the shared run folder (words from the one table of launch
@@ -267,7 +280,7 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
 
     return [sys.executable, "-m", "labutils.cli", *node_words(
         script=str(Path(str(script)).resolve()), nproc=nproc, args=list(args), nnodes=hosts,
-        node_rank=host, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=str(log_dir),
+        node_rank=host if ranked else None, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, log_dir=str(log_dir),
         **launch_kwargs)]
 
 

@@ -335,6 +335,25 @@ def check_multinode(rdzv_endpoint, rdzv_id, node_rank, min_nodes: int, max_nodes
     return rdzv_endpoint, rdzv_id, node_rank
 
 
+def check_node_rank_restarts(node_rank: int | None, max_restarts: int) -> None:
+    """A job given node ranks cannot restart: torch's static rendezvous keeps its store
+    for every attempt, and a restarted process group reads the keys the last attempt
+    left there (3 of 3 restarts of plain torchrun across two nodes failed in
+    init_process_group, torch 2.13; tests/run/test_multinode.py runs the c10d way).
+
+    Args:
+        node_rank: check_multinode's node rank (None: c10d).
+        max_restarts: launch()'s max_restarts.
+    """
+    if node_rank is not None and max_restarts:
+        raise LaunchConfigError(
+            "node_rank", expected="max_restarts=0 with a node rank: torchrun's static rendezvous "
+            "keeps one store for every attempt, and restarted ranks read the last attempt's "
+            "addresses", given=f"node_rank={node_rank} with max_restarts={max_restarts}",
+            fix="leave node_rank out (torchrun's c10d rendezvous gives each attempt a store of "
+            "its own and numbers the nodes), or pass max_restarts=0")
+
+
 def check_rdzv_conf(rdzv_conf) -> dict[str, str]:
     """Rendezvous settings (torchrun --rdzv-conf), as strings; None: none.
 

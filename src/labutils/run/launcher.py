@@ -93,7 +93,8 @@ def launch(
             with the same nnodes, nproc, rdzv_endpoint "HOST:PORT" (node 0's
             address) and rdzv_id (the job's name). With node_rank (0..nnodes-1),
             torchrun's static rendezvous: global rank = node_rank * nproc + local
-            rank; without, c10d (nnodes may be "MIN:MAX"). The run folder is
+            rank; without, c10d (nnodes may be "MIN:MAX"), which a job with
+            max_restarts needs (node_rank with it is refused). The run folder is
             <log_dir>/<rdzv_id>: with a log folder every machine shares, each node
             shows every rank. GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are set to the
             interface that reaches the endpoint unless env (or the environment)

@@ -24,6 +24,7 @@ from labutils.run.checks import (
     check_faults,
     check_multinode,
     check_nnodes,
+    check_node_rank_restarts,
     check_rdzv_conf,
     check_script,
     public_fault,
@@ -228,6 +229,7 @@ def make_spec(
     multinode = rdzv_endpoint is not None
     min_nodes, max_nodes, agents = check_nnodes(nnodes, local_agents, multinode=multinode)
     endpoint, job, node = check_multinode(rdzv_endpoint, rdzv_id, node_rank, min_nodes, max_nodes)
+    check_node_rank_restarts(node, max_restarts)
     faults = check_faults(fault, world_size=nproc * (max_nodes if multinode else agents),
                           max_restarts=max_restarts, local_agents=agents, min_nodes=min_nodes)
     conf = check_rdzv_conf(rdzv_conf)
