@@ -152,12 +152,13 @@ def test_a_fixed_job_that_may_restart_meets_through_c10d_at_the_master(launcher,
             assert (config.min_nodes, config.max_nodes, config.rdzv_backend) == (3, 3, "c10d")
             assert config.rdzv_endpoint == f"first-allreduce-master-0:{RENDEZVOUS_PORT}"
             assert (config.run_id, config.max_restarts) == ("first-allreduce", 1)
+            # a store per round, as launch() asks; torchrun shares one by default
+            assert {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"} in container["env"]
 
 
-@pytest.mark.slow
-def test_fixed_job_commands_run_a_real_two_node_job_on_loopback(tmp_path):
-    """Both pods' commands, as the kubelet would start them, on this machine: 2 nodes x 1 rank."""
-    m = job(nnodes=2, nproc=1)
+def _run_pods_on_loopback(m: dict, tmp_path) -> tuple[list[int], list[str]]:
+    """Every pod's command as the kubelet would start it, on this machine; each pod's
+    exit status and output."""
     with socket.socket() as s:  # the Master's Service name resolves only in a cluster
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -185,9 +186,31 @@ def test_fixed_job_commands_run_a_real_two_node_job_on_loopback(tmp_path):
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.slow
+def test_fixed_job_commands_run_a_real_two_node_job_on_loopback(tmp_path):
+    """Both pods' commands, as the kubelet would start them, on this machine: 2 nodes x 1 rank."""
+    codes, outputs = _run_pods_on_loopback(job(nnodes=2, nproc=1), tmp_path)
+    assert codes == [0, 0], outputs
     for rank, output in enumerate(outputs):  # pod k is node k: it holds global rank k
         assert f"before {rank + 1}  after all_reduce(SUM) 3  mean 1.5" in output
+
+
+@pytest.mark.slow
+def test_a_fixed_job_that_may_restart_recovers_on_loopback(tmp_path):
+    """The last rank exits 3 in the first attempt: both pods restart their ranks, which
+    meet again through c10d at the Master and finish (with node ranks, torch's static
+    rendezvous failed the restart in init_process_group)."""
+    marker = tmp_path / "failed-once"
+    m = pytorchjob(REPO / "tests" / "scripts" / "fails_first_attempt.py", nnodes=2, nproc=2,
+                   image=IMAGE, root=REPO, max_restarts=1, args=[str(marker)])
+    codes, outputs = _run_pods_on_loopback(m, tmp_path)
+    assert codes == [0, 0], outputs
+    assert marker.exists()  # a rank did exit 3 once
+    assert sorted(line for out in outputs for line in out.splitlines()
+                  if line.startswith("rank ")) == [f"rank {r} of 4 sum 4" for r in range(4)], outputs
 
 
 def test_elastic_job_runs_workers_with_c10d(monkeypatch):

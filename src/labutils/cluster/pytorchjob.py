@@ -141,7 +141,7 @@ def pytorchjob(
         log_dir=mount_path if volume_claim else None)
     pod_args = dict(image=image, command=command, gpus=gpus_per_node, cpu=cpu,
                     memory=memory, volume_claim=volume_claim, mount_path=mount_path,
-                    plain_torchrun=launcher == "torchrun")
+                    plain_torchrun=launcher == "torchrun", restarts=bool(max_restarts or elastic))
 
     def replica(count: int) -> dict:  # a pod spec of its own each: YAML without anchors
         return {"replicas": count, "restartPolicy": restart_policy,
@@ -234,7 +234,8 @@ def _labutils_command(script, args, *, name, nnodes, nproc, elastic, max_restart
         backend="nccl" if gpus else "auto", log_dir=log_dir)]
 
 
-def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, plain_torchrun) -> dict:
+def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, plain_torchrun,
+              restarts=False) -> dict:
     requests: dict = {"cpu": cpu}
     limits: dict = {}
     if memory:
@@ -253,6 +254,11 @@ def _pod_spec(*, image, command, gpus, cpu, memory, volume_claim, mount_path, pl
     env: list[dict] = []
     if gpus and plain_torchrun:  # labutils.dist.init() reads it: nccl, or a clear error without GPUs
         env.append({"name": runfiles.ENV_BACKEND, "value": "nccl"})
+    if restarts and plain_torchrun:
+        # a store of its own for every rendezvous round, as launch() asks: with the store
+        # torchrun shares by default, the restarted ranks read the last round's addresses
+        # (2 of 2 restarts across two agents failed, torch 2.13; `labutils launch` sets it)
+        env.append({"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"})
     if volume_claim and plain_torchrun:  # the pod's own name, for torchrun's --log-dir (downward API)
         env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     if env:
