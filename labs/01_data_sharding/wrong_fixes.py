@@ -92,3 +92,7 @@ WRONG_FIXES = [
 # shuffling inside it every epoch (an audit, 2026-11-30: 1.000). The shares are disjoint,
 # cover every item and come in a new order each epoch, as the task asks; that a rank's
 # share itself changes every epoch is not asked.
+# Nor (an audit, 2026-11-30, eleventh): set_epoch(epoch % 4), four permutations taken in
+# turn (1.000). It is wrong past the fourth epoch, as % 3 is past the third, but nothing a
+# learner sees runs 4 epochs (the public checks run 3), so it is no tuning to a visible
+# case, and any fixed number of epochs in the hidden check is outrun by a larger modulus.

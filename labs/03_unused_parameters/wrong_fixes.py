@@ -136,3 +136,14 @@ WRONG_FIXES = [
             "DDP._set_params_and_buffers_to_ignore_for_model(net, [\"aux_head.weight\", \"aux_head.bias\"])\n"
             "model = DDP(net)  # DDP expects no gradient from aux_head")]}),
 ]
+
+# Not here (an audit, 2026-11-30, eleventh): the auxiliary output multiplied by zero and
+# added to the loss (loss + 0.0 * aux.sum(), no detach, no find_unused_parameters), or the
+# auxiliary loss always computed and weighted by --aux-weight, 0 by default (both 1.000).
+# aux_head then takes part in the loss and gets a gradient of exact zeros, which DDP
+# averages and plain SGD applies as no change: the run is the one-process run, at every
+# world size. It is the usual workaround for DDP's error (it costs the head's forward and
+# backward and an all-reduce of zeros, and under weight decay or AdamW the resting head
+# would move), a correct fix written otherwise, like static_graph=True or
+# aux_head.requires_grad_(use_aux). Multiplying a detached output by zero stays caught
+# (above), as does zero times aux_head.weight alone (aux_head.bias still gets no gradient).

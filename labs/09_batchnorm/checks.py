@@ -8,7 +8,9 @@ The reference is one process training the same model with plain BatchNorm, each 
 on every rank's batch of that step together (shards.reference_model). The statistics
 are read from each rank's BatchNorm layer by the grader's probe (measure=["buffers"]),
 and the items of each forward pass through the DDP model too (measure=["forwards"]): each
-rank trains on its own shard, --batch-size items a step, not on every rank's items.
+rank trains on its own shard, --batch-size items a step, not on every rank's items. The
+operations each rank asks of its process group are logged too (measure=["traffic"], for a
+hidden check: the other shards' statistics can only come through a collective).
 
 Tolerance: a correct synchronisation computes the same statistics as the reference,
 only with sums taken in another order, so they differ by float32 rounding (about 1e-7
@@ -30,7 +32,8 @@ CASE = {"steps": 6, "batch_size": 8, "lr": 0.1, "seed": 0}
 def _run(c, nproc, case=CASE):
     return c.run("train.py", nproc, args=["--steps", case["steps"], "--batch-size",
                                           case["batch_size"], "--lr", case["lr"],
-                                          "--seed", case["seed"]], measure=["buffers", "forwards"])
+                                          "--seed", case["seed"]],
+                 measure=["buffers", "forwards", "traffic"])
 
 
 def _statistics(run) -> dict:

@@ -128,4 +128,57 @@ report(val_loss=val_loss, running_mean=wanted.running_mean, running_var=wanted.r
                 self.running_mean.lerp_(mean, self.momentum)
                 self.running_var.lerp_(var * n / (n - 1), self.momentum)
 ''')]}),
+    WrongFix(
+        "no collective: shards.py's recipe copied into train.py to rebuild the other ranks' items",
+        why="each rank regenerates every rank's batch with shards.py's generator seeds, copied "
+            "by hand, and takes the whole batch's statistics from them: the numbers are the "
+            "reference's, but no rank learns anything from another (on a cluster a rank cannot "
+            "read another's shard) and every rank does the first layer's work for all; the "
+            "traffic probe sees no collective (found by an audit, 2026-11-30, eleventh audit: "
+            "it scored 1.000)",
+        edits={"train.py": [(STATS,
+                             "        parts = []\n"
+                             "        for r in range(dist.get_world_size()):  # shards.py's recipe, copied\n"
+                             "            g = torch.Generator().manual_seed(1_000_003 * args.seed + 1000 * step + r)\n"
+                             "            parts.append(torch.randn(args.batch_size, 6, generator=g) * (1 + r) + 2 * r)\n"
+                             "        full = model.module[0](torch.cat(parts).to(x.device))\n"
+                             "        n = torch.tensor(float(full.shape[0]))\n"
+                             "        var, mean = torch.var_mean(full, 0, unbiased=False)\n")]}),
+    WrongFix(
+        "a plain copy of the model trained by hand on the all-gathered batch, copied into DDP's at the end",
+        why="the DDP model trains as the starter does, each shard normalised with its own "
+            "statistics, while every rank all-gathers the global batch and trains a plain "
+            "copy on all of it (SGD by hand), whose state replaces the DDP model's before the "
+            "evaluation: the final statistics and weights are the reference's, but every rank "
+            "does the whole batch's work and the model DDP trained is thrown away; each rank's "
+            "loss during training is not the reference's (found by an audit, 2026-11-30, "
+            "eleventh audit: it scored 1.000)",
+        base="starter",
+        edits={"train.py": [
+            ("optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
+             "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n"
+             "from shards import make_model\n"
+             "shadow = make_model(args.seed).to(device)  # plain BatchNorm, the whole batch\n"),
+            ("    report(step=step, loss=loss.item())\n",
+             "    report(step=step, loss=loss.item())\n"
+             "    xs = [torch.empty_like(x) for _ in range(world_size)]\n"
+             "    ys = [torch.empty_like(y) for _ in range(world_size)]\n"
+             "    dist.all_gather(xs, x)\n"
+             "    dist.all_gather(ys, y)\n"
+             "    shadow.zero_grad()\n"
+             "    F.mse_loss(shadow(torch.cat(xs)), torch.cat(ys)).backward()\n"
+             "    with torch.no_grad():\n"
+             "        for p in shadow.parameters():\n"
+             "            p -= args.lr * p.grad  # plain SGD, by hand\n"),
+            ("# Evaluation: in eval mode",
+             "model.module.load_state_dict(shadow.state_dict())  # the whole batch's model\n"
+             "# Evaluation: in eval mode")]}),
 ]
+
+# Not here (an audit, 2026-11-30, eleventh): the same plain copy trained with an optimizer
+# of its own (torch.optim.SGD) is caught by the forwards probe already (its optimizer's
+# steps come with no forward pass through DDP). Correct fixes written otherwise score
+# 1.000: torch.distributed.nn.functional.all_reduce or all_gather (differentiable) in
+# place of AllReduceSum, the sums all-reduced one by one, or the functional collectives
+# (torch.distributed._functional_collectives) inside the autograd Function, which the
+# traffic probe logs too.

@@ -26,7 +26,8 @@ when the script ends well, sends what it measured with report(probe=...):
 - traffic: every operation this rank asked of a process group, in order, with the
   bytes of its tensors and the peer of a send or a receive (count_traffic): counted at
   the ProcessGroup itself, so it sees dist.isend,
-  torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike;
+  torch.distributed.distributed_c10d.all_reduce and batch_isend_irecv alike, and the
+  functional collectives' ops too ("_c10d_functional.all_reduce", ...);
 - files: what the rank did with files: every file it opened for writing (open(),
   os.open() as tempfile.mkstemp does, torch.save() to a path), every rename (os.replace,
   os.rename), every file it removed (os.remove, os.unlink) and every torch.load(),
@@ -81,6 +82,9 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "all_gather_single", "reduce_scatter", "_reduce_scatter_base",
                "reduce_scatter_single", "reduce_scatter_tensor_coalesced", "alltoall",
                "alltoall_base", "all_to_all_single", "gather", "scatter")
+FUNCTIONAL_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
+                          "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+                          "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
 
 
 def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs):
@@ -359,6 +363,26 @@ def count_traffic() -> list[list]:
     for name in POINT_TO_POINT + COLLECTIVES:
         if hasattr(ProcessGroup, name):
             setattr(ProcessGroup, name, counted(name, getattr(ProcessGroup, name)))
+
+    # The functional collectives (torch.distributed._functional_collectives, which DTensor
+    # and torch.compile use) reach the process group from C++, past the methods above:
+    # their ops are logged as "_c10d_functional.NAME", the bytes of their input tensors.
+    def functional(name, original):
+        def operation(*args, **kwargs):
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            log.append([f"_c10d_functional.{name}",
+                        sum(t.numel() * t.element_size() for t in _tensors(first)), None])
+            return original(*args, **kwargs)
+        return operation
+
+    import torch
+    namespace = getattr(torch.ops, "_c10d_functional", None)
+    for name in FUNCTIONAL_COLLECTIVES:
+        try:
+            original = getattr(namespace, name)
+        except (AttributeError, RuntimeError):
+            continue
+        setattr(namespace, name, functional(name, original))
     return log
 
 
