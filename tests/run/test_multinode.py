@@ -195,6 +195,43 @@ def test_a_job_across_nodes_recovers_from_a_fault(hosts, tmp_path):
     assert not _leftovers(result.log_dir)
 
 
+def test_a_node_restarted_for_the_other_nodes_failure_keeps_its_restart_count(hosts, tmp_path):
+    """Rank 3 (node 1) exits 3 once while node 0's ranks wait outside any collective: node
+    1's agent restarts after a failure, node 0's because the rendezvous has a node waiting
+    (its ranks stopped with SIGTERM, no failure of theirs). Each agent counts its own
+    restarts, so node 0's ranks start the second attempt with TORCHELASTIC_RESTART_COUNT 0,
+    node 1's with 1: the launcher still tells the attempts apart (each round's store has a
+    port of its own) and names rank 3 in the first."""
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import datetime, os, sys, time
+        import torch, torch.distributed as dist
+        from labutils.dist import report
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        report(step=0, total=2, restart=os.environ["TORCHELASTIC_RESTART_COUNT"],
+               node=os.environ["GROUP_RANK"])
+        if rank == world - 1 and not os.path.exists(sys.argv[1]):
+            open(sys.argv[1], "w").close()
+            sys.exit(3)
+        time.sleep(10)  # outside any collective when rank 3 ends (a margin for a loaded machine)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        report(step=1, total=2, sum=t.item())
+    """))
+    result = hosts.launch(job, 2, args=[str(tmp_path / "failed-once")], log_dir=tmp_path / "runs",
+                          display="none", hang_timeout=30, timeout=150, max_restarts=1)
+    assert result.ok, result.headline()
+    first, last = result.to_json()["attempts"]
+    assert (first["outcome"], first["failed_rank"], last["outcome"]) == ("restarted", 3, "ok")
+    assert "exit code 3" in first["why"] and first["exit_codes"]["3"] == 3
+    assert {first["exit_codes"][str(r)] for r in (0, 1, 2)} == {-15}  # stopped, not failed
+    counts = {(r["node"], r["restart"]) for r in result.records if r["step"] == 0}
+    assert counts == {("0", "0"), ("1", "0"), ("1", "1")}, counts  # node 0 never counted one
+    assert sorted(r["sum"] for r in result.records if r["step"] == 1) == [4.0] * 4
+    assert not _leftovers(result.log_dir)
+
+
 def test_other_node_failing_before_init_is_a_failure_not_a_hang(hosts, job, tmp_path):
     result = hosts.launch(job, 2, args=["early"], log_dir=tmp_path / "runs",
                               display="none", hang_timeout=60, timeout=120)
