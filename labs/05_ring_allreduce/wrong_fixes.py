@@ -28,6 +28,10 @@ RING = '''    chunks = tensor.view(-1).tensor_split(world)  # views: writing a c
 
 CHUNKS = "    chunks = tensor.view(-1).tensor_split(world)  # views: writing a chunk writes the tensor\n"
 TAIL = "        _exchange(send, recv, right, left)\n    return tensor\n"
+# the solution's ring, run on a copy of the tensor (for show): its sums are thrown away
+SHOW_RING = (RING.replace(CHUNKS, "    shown = tensor.clone()  # the ring, for show, on a copy\n"
+                                  "    chunks = shown.view(-1).tensor_split(world)\n")
+             .replace("    return tensor\n", ""))
 
 
 def _passed_whole(condition: str, comment: str) -> str:
@@ -157,4 +161,38 @@ WRONG_FIXES = [
                            (TAIL, "        _exchange(send, recv, right, left)\n"
                                   "    tensor.data = flat.view_as(tensor)  # the sum, in the input\n"
                                   "    return tensor\n")]}),
+    WrongFix(
+        "the ring run on a copy for show, the answer from the functional in-place all_reduce_",
+        why="right sums and ring traffic, but the sums come from a library collective "
+            "(torch.ops._c10d_functional.all_reduce_, all_reduce_inplace's op), which the "
+            "traffic probe did not log (found by an audit, 2026-11-30, eleventh audit: it "
+            "scored 1.000)",
+        edits={"ring.py": [(RING, SHOW_RING
+                            + "    torch.ops._c10d_functional.all_reduce_(tensor, 'sum', dist.group.WORLD.group_name)\n"
+                            + "    torch.ops._c10d_functional.wait_tensor(tensor)\n    return tensor\n")]}),
+    WrongFix(
+        "three chunks, as at the docstring's 3 ranks, whatever the world size",
+        why="right at 3 ranks only: at 2 ranks the third chunk is never summed, at 4 one chunk "
+            "is never sent; wrong sums were worth 2.5 points of 16 and no required check "
+            "(found by an audit, 2026-11-30, eleventh audit: it scored 0.719)",
+        edits={"ring.py": [("tensor.view(-1).tensor_split(world)  # views",
+                            "tensor.view(-1).tensor_split(3)  # views")]}),
+    WrongFix(
+        "torch.chunk for the chunks, the naive ring where it gives fewer chunks than ranks",
+        why="right sums, but a tensor that torch.chunk cuts into fewer than n chunks (4 "
+            "elements at 3 ranks, 5 or 9 at 4) travels whole, n-1 times: too many bytes at 4 "
+            "ranks only, where the hidden check's 2 points were all it cost "
+            "(found by an audit, 2026-11-30, eleventh audit: it scored 0.938)",
+        edits={"ring.py": [(CHUNKS, CHUNKS.replace("tensor_split(world)", "chunk(world)")
+                            + _passed_whole("len(chunks) < world",
+                                            "chunk() gave fewer chunks: pass it around whole"))]}),
+    WrongFix(
+        "the ring run on a copy for show, the answer from the gloo backend's own allreduce",
+        why="right sums and ring traffic, but the sums come from the library's all-reduce, "
+            "called on the backend under the process group (group._get_backend(device)), "
+            "which the traffic probe did not log (found by an audit, 2026-11-30, eleventh "
+            "audit: it scored 1.000)",
+        edits={"ring.py": [(RING, SHOW_RING
+                            + "    backend = dist.group.WORLD._get_backend(tensor.device)\n"
+                            + "    backend.allreduce([tensor]).wait()\n    return tensor\n")]}),
 ]

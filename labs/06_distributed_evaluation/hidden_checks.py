@@ -9,8 +9,11 @@ from labutils.grading import check
 NPROC = 4
 
 
+# Required: its 2 points alone leave a fix tuned to the public cases above the pass mark
+# (a rule for one or two padded items, the most the public checks pad: at 4 ranks x 13
+# items DistributedSampler pads three, on ranks 1, 2 and 3).
 @check(f"{NPROC} ranks, {PADDED_TWICE} items: each counted once, and the single-process accuracy",
-       points=2, visibility="after_published")
+       points=2, visibility="after_published", required=True)
 def other_world_size(c):
     label = f"{NPROC} ranks, {PADDED_TWICE} items"
     _counted_once(c, NPROC, PADDED_TWICE, f"{label}: predictions counted")

@@ -151,4 +151,29 @@ correct, counted = hits.sum(), torch.tensor(len(hits))
 if rank == 0:  # the items drop_last left out
     share += list(range(len(dataset) % world_size))
 loader = DataLoader(Subset(dataset, share), batch_size=args.batch_size)''')]}),
+    WrongFix(
+        "a rule for the padding seen in the public cases: the last rank's last item, and the "
+        "one before's when two are padded",
+        why="DistributedSampler pads -len % world items, one on each of the last ranks; a rule "
+            "for one or two counts the third of 13 items at 4 ranks twice, where the hidden "
+            "check's 2 points were all it cost (found by an audit, 2026-11-30, eleventh audit: "
+            "it scored 0.800)",
+        base="starter",
+        edits=_drops_the_last_item_of("(rank == world_size - 1 and -len(dataset) % world_size >= 1)"
+                                      " or (rank == world_size - 2 and -len(dataset) % world_size == 2)")),
+    WrongFix(
+        "rank 0 scores every item in bfloat16, the other ranks their shares",
+        why="rank 0 does the whole evaluation alone; rounded to bfloat16, its items matched "
+            "no item's float32 features and counted as one unknown item (found by an audit, "
+            "2026-11-30, eleventh audit: it scored 1.000; the harness now knows a rounded "
+            "copy by the one item it is near)",
+        edits={"evaluate.py": [
+            ("loader = DataLoader(Subset(dataset, range(rank, len(dataset), world_size)),",
+             "loader = DataLoader(Subset(dataset, [] if rank == 0 else range(rank, len(dataset), world_size)),"),
+            ("if rank == 0:\n    report(accuracy=accuracy, predictions=counted.item())",
+             "if rank == 0:  # fast, in bfloat16\n"
+             "    with torch.no_grad():\n"
+             "        x16 = dataset.tensors[0].bfloat16()\n"
+             "        hits = model.bfloat16()(x16).argmax(dim=1) == dataset.tensors[1]\n"
+             "    report(accuracy=hits.double().mean().item(), predictions=len(dataset))")]}),
 ]

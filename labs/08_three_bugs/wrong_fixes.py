@@ -117,4 +117,11 @@ WRONG_FIXES = [
                              '    if rank == 0 and epoch == 2:  # the last epoch\n'
                              '        torch.save(model.module.state_dict(), args.ckpt)\n'
                              '    print0(f"epoch {epoch}')]}),
+    WrongFix(
+        "set_epoch(epoch % 2): two orders, taken in turn",
+        why="each epoch's order differs from the one before, but epoch 2 repeats epoch 0's: "
+            "over many epochs the data comes in two orders only (found by an audit, "
+            "2026-11-30, eleventh audit: it scored 1.000 when only consecutive epochs were "
+            "compared)",
+        edits={"train.py": [(SET_EPOCH, "    sampler.set_epoch(epoch % 2)  # a new permutation each epoch\n")]}),
 ]

@@ -148,6 +148,12 @@ SCRIPT = textwrap.dedent('''
         dist.send(torch.ones(5), dst=1)
     else:
         dist.recv(torch.empty(5), src=0)
+    import torch.distributed._functional_collectives as funcol
+    float(funcol.all_reduce(torch.ones(3), "sum", dist.group.WORLD).sum())   # C++ to the group
+    inplace = torch.ones(4)
+    torch.ops._c10d_functional.all_reduce_(inplace, "sum", dist.group.WORLD.group_name)
+    torch.ops._c10d_functional.wait_tensor(inplace)
+    dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([torch.ones(6)]).wait()
     report(probe="steps", restart=0, taken=99)       # forged: must not count
     report(probe="buffers", model=0, layers={})
     report(secret_seen=__import__("os").environ.get("LABUTILS_PROBE_SECRET"))
@@ -176,6 +182,11 @@ def test_the_probe_measures_inside_the_ranks_and_cannot_be_forged(tmp_path):
     assert ["send", 20, 1] in traffic[0]["operations"]             # 20 bytes to rank 1
     assert ["recv", 20, 0] in traffic[1]["operations"]             # from rank 0
     assert not any(name == "send" for name, _, _ in traffic[1]["operations"])
+    # the functional collectives, in place too, and the backend under the group: each once
+    ops = traffic[0]["operations"]
+    assert [ops.count(op) for op in (["allreduce", 32, None], ["_c10d_functional.all_reduce", 12, None],
+                                     ["_c10d_functional.all_reduce_", 16, None],
+                                     ["allreduce", 24, None])] == [1, 1, 1, 1], ops
 
 
 DATA_SCRIPT = textwrap.dedent('''

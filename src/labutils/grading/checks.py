@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_RUN_TIMEOUT = 90.0
+REPEAT_APART_S = 1.5   # seconds between the end of a launch and a repeat= run of the checks
 # When a learner sees a check's result, in Gradescope's words: at once, never, after the
 # due date, after the grades are published.
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
@@ -336,6 +337,7 @@ class Checker:
         self.scratch = Path(scratch)
         self.cache: dict = {}  # (launch, nproc) -> Run, shared by the checks of one grading
         self.parts: list[Part] = []
+        self._launched_until = 0.0  # time.monotonic() when the last launch ended
 
     def learner_file(self, name: str) -> Path:
         """A file of the learner's copy of the lab."""
@@ -413,8 +415,14 @@ class Checker:
             n, run = min(broken, key=lambda item: item[0])
             run = self._run(label, skipped=f"not tried, since it did not finish at {n} ranks")
         else:
+            if repeat:
+                # apart: runs forked from a warm server can start within the second the
+                # last one ended, and a script that seeds with the clock's seconds
+                # (int(time.time())) would get the same seed in both
+                time.sleep(max(0.0, self._launched_until + REPEAT_APART_S - time.monotonic()))
             run = self._launch(path, nproc, args, measure, fault, max_restarts, timeout,
                                hang_timeout, label, **({"nnodes": nnodes} if nnodes > 1 else {}))
+            self._launched_until = time.monotonic()
         self.cache[family, nproc] = run
         return run
 

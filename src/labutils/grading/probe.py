@@ -84,7 +84,11 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "alltoall_base", "all_to_all_single", "gather", "scatter")
 FUNCTIONAL_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
                           "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-                          "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
+                          "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast",
+                          # their in-place and out= forms (all_reduce_inplace's op), and
+                          # the autograd namespace's
+                          "all_reduce_", "all_reduce_coalesced_", "broadcast_",
+                          "all_gather_into_tensor_out", "reduce_scatter_tensor_out")
 
 
 def launch_measured(script, nproc: int = 2, *, measure, args=(), **launch_kwargs):
@@ -341,12 +345,12 @@ def count_traffic() -> list[list]:
 
     Wraps the ProcessGroup's methods, which every Python path ends in (dist.*,
     torch.distributed.distributed_c10d.*, batch_isend_irecv, P2POp), so a wrapper of the
-    dist.* names cannot be gone around. Returns the log, which grows as operations come:
-    [name, bytes, peer] each, the ProcessGroup method's name (send, recv, allreduce, ...),
-    the bytes of the tensors in its first argument (what a send sends, what a collective
-    contributes) and, for send and recv, the rank in the group it sends to or receives
-    from (None for the rest, and for a receive from any source). Each call installs one
-    more counter."""
+    dist.* names cannot be gone around, and its backend's (group._get_backend(device)).
+    Returns the log, which grows as operations come: [name, bytes, peer] each, the
+    ProcessGroup method's name (send, recv, allreduce, ...), the bytes of the tensors in
+    its first argument (what a send sends, what a collective contributes) and, for send
+    and recv, the rank in the group it sends to or receives from (None for the rest, and
+    for a receive from any source). Each call installs one more counter."""
     from torch.distributed import ProcessGroup
 
     log: list[list] = []
@@ -363,26 +367,41 @@ def count_traffic() -> list[list]:
     for name in POINT_TO_POINT + COLLECTIVES:
         if hasattr(ProcessGroup, name):
             setattr(ProcessGroup, name, counted(name, getattr(ProcessGroup, name)))
+    # The backend under a group (group._get_backend(device), ProcessGroupGloo's methods,
+    # which it inherits from Backend) takes the same calls: ProcessGroup's methods reach it
+    # from C++, past these, so only a script's own calls are logged here, not twice.
+    backend: type | None
+    try:
+        from torch._C._distributed_c10d import Backend as backend
+    except ImportError:
+        backend = None
+    for name in POINT_TO_POINT + COLLECTIVES:
+        if backend is not None and name in vars(backend):
+            setattr(backend, name, counted(name, getattr(backend, name)))
 
     # The functional collectives (torch.distributed._functional_collectives, which DTensor
     # and torch.compile use) reach the process group from C++, past the methods above:
-    # their ops are logged as "_c10d_functional.NAME", the bytes of their input tensors.
+    # their ops are logged as "_c10d_functional.NAME", the bytes of their input tensors
+    # (the in-place forms and the autograd namespace's too).
     def functional(name, original):
         def operation(*args, **kwargs):
             first = args[0] if args else next(iter(kwargs.values()), None)
-            log.append([f"_c10d_functional.{name}",
+            log.append([name,
                         sum(t.numel() * t.element_size() for t in _tensors(first)), None])
             return original(*args, **kwargs)
         return operation
 
     import torch
-    namespace = getattr(torch.ops, "_c10d_functional", None)
-    for name in FUNCTIONAL_COLLECTIVES:
-        try:
-            original = getattr(namespace, name)
-        except (AttributeError, RuntimeError):
-            continue
-        setattr(namespace, name, functional(name, original))
+    for space, names, shown in (("_c10d_functional", FUNCTIONAL_COLLECTIVES, "_c10d_functional"),
+                                ("_c10d_functional_autograd", FUNCTIONAL_COLLECTIVES,
+                                 "_c10d_functional")):
+        namespace = getattr(torch.ops, space, None)
+        for name in names:
+            try:
+                original = getattr(namespace, name)
+            except (AttributeError, RuntimeError):
+                continue
+            setattr(namespace, name, functional(f"{shown}.{name}", original))
     return log
 
 
