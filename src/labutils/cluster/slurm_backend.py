@@ -88,7 +88,8 @@ class SlurmBackend(Backend):
         spec = self.spec
         # This launcher reads the stacks of a hung job (hang_timeout None on the nodes);
         # the nodes only stop when it says so (stop.json) or at the timeout. A job that may
-        # restart meets through c10d, without node ranks (spec.make_spec says why).
+        # restart meets through c10d, without node ranks (run.checks.check_node_rank_restarts
+        # says why).
         return [node.python, "-m", "labutils.cli", *node_words(
             script=node.script, nproc=spec.nproc, nnodes=node.nnodes,
             node_rank=None if spec.max_restarts else node.node_rank,

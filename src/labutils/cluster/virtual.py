@@ -275,6 +275,8 @@ def node_launch_words(script: str | os.PathLike, nproc: int, *, hosts: int, host
         log_dir: the runs folder every node writes into.
         args: the script's own arguments.
         launch_kwargs: node 0's other launch() options, passed on as they are.
+        ranked: give the node its rank (torchrun's static rendezvous); False for a job
+            that may restart, which meets through c10d (VirtualCluster.launch).
     """
     from labutils.run.options import node_words  # the run layer, imported back only here
 
