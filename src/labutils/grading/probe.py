@@ -392,16 +392,14 @@ def count_traffic() -> list[list]:
         return operation
 
     import torch
-    for space, names, shown in (("_c10d_functional", FUNCTIONAL_COLLECTIVES, "_c10d_functional"),
-                                ("_c10d_functional_autograd", FUNCTIONAL_COLLECTIVES,
-                                 "_c10d_functional")):
+    for space in ("_c10d_functional", "_c10d_functional_autograd"):  # both logged as the first
         namespace = getattr(torch.ops, space, None)
-        for name in names:
+        for name in FUNCTIONAL_COLLECTIVES:
             try:
                 original = getattr(namespace, name)
             except (AttributeError, RuntimeError):
                 continue
-            setattr(namespace, name, functional(f"{shown}.{name}", original))
+            setattr(namespace, name, functional(f"_c10d_functional.{name}", original))
     return log
 
 
