@@ -245,7 +245,7 @@ def sweep_bounds(records: Iterable[dict]) -> list[dict]:
         alone = rec["alone_s"]
         rows.append({
             "model": rec["model"], "cap_mb": rec["cap_mb"], "bucket_sizes": rec["bucket_sizes"],
-            "buckets": len(rec["bucket_sizes"]), "measured_s": rec["seconds"],
+            "buckets": len(rec["bucket_sizes"]), "measured_s": rec["seconds"], "rounds_s": rec["round_s"],
             "compute_s": c["forward_s"] + c["backward_s"] + c["optimizer_s"],
             "backward_s": c["backward_s"], "comm_s": sum(alone), "last_s": alone[-1],
             "perfect_s": c["forward_s"] + c["optimizer_s"] + max(c["backward_s"] + alone[-1], sum(alone)),
@@ -300,21 +300,32 @@ def sweep_check(records: Iterable[dict], *, model: str, slack: float = 0.1) -> s
             f"(each widened by {slack:.0%}): {ok}" + (f" ({'; '.join(outside)})" if outside else ""))
 
 
+def most_rounds(won: Iterable[bool]) -> bool:
+    """More than half of the rounds (a list of one bool per round) said True."""
+    won = list(won)
+    return 2 * sum(won) > len(won)
+
+
 def sweep_claims(records: Iterable[dict]) -> str:
-    """The two ends of the curves, as the text after the plot reads them: with a cap that
-    makes several buckets deep256 steps faster than with its one bucket (the last bucket
+    """The two ends of the curves, as the text after the plot reads them, each round by
+    round (a round runs every setting once, back to back, so that a slow moment of the
+    machine slows the steps compared alike): with a cap that makes several buckets
+    deep256 steps faster than with its one bucket in the same round (the last bucket
     shrinks), and deep96x64 with one bucket per tensor steps slower than even the
-    no-overlap prediction (a bucket costs DDP more than a bare all_reduce)."""
+    no-overlap prediction (a bucket costs DDP more than a bare all_reduce). Each holds
+    when it holds in most rounds: under load a round can go either way."""
     rows = sweep_bounds(records)
     deep = [r for r in rows if r["model"] == "deep256"]
     one = [r for r in deep if r["buckets"] == 1]
     several = [r for r in deep if r["buckets"] >= 2]
+    faster = bool(one and several) and all(
+        most_rounds(a < b for a, b in zip(r["rounds_s"], one[0]["rounds_s"], strict=True)) for r in several)
     small = max((r for r in rows if r["model"] == "deep96x64"), key=lambda r: r["buckets"], default=None)
+    slower = small is not None and most_rounds(t > small["none_s"] for t in small["rounds_s"])
     return "\n".join([
-        "deep256: every cap that makes 2+ buckets steps faster than its one bucket: "
-        f"{bool(one and several) and all(r['measured_s'] < one[0]['measured_s'] for r in several)}",
-        "deep96x64, one bucket per tensor: the step is slower than the no-overlap prediction: "
-        f"{small is not None and small['measured_s'] > small['none_s']}",
+        f"deep256: every cap that makes 2+ buckets steps faster than its one bucket, in most rounds: {faster}",
+        "deep96x64, one bucket per tensor: the step is slower than the no-overlap prediction, "
+        f"in most rounds: {slower}",
     ])
 
 

@@ -9,19 +9,26 @@ links are capped, see labutils.cluster), or on one machine:
 or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=1).
 
 - all_reduce of float32 arrays from 4 KiB to 4 MiB: seconds per call (each call after
-  a barrier; the slowest rank's time; the fastest of 5), reported as part="alpha_beta".
+  a barrier; the slowest rank's time; the fastest of TRIES_SMALL tries under SMALL bytes,
+  of 5 from there), reported as part="alpha_beta".
 - per model (--models) and cap (SWEEPS below, MiB): 3 warm-up steps (the first one uses a
   single bucket, the second rebuilds), then --rounds rounds in which every setting takes
-  one timed step (forward, backward, SGD step); then, once per round, each bucket size
-  DDP made is all-reduced alone with a plain dist.all_reduce. The same model under
-  no_sync() (no communication at all), twice per round, gives the compute: forward,
-  backward and optimizer step timed apart. Reported per cap (part="sweep"): the fastest step of the
-  slowest rank, the bucket sizes, and the fastest all-reduce time of each bucket alone;
-  per model (part="compute"): the phases of the fastest step without communication.
+  one timed step (forward, backward, SGD step); then, in every round, each bucket size
+  DDP made is all-reduced alone with a plain dist.all_reduce (TRIES_SMALL times under
+  SMALL bytes, once from there). The same model under no_sync() (no communication at
+  all), twice per round, gives the compute: forward, backward and optimizer step timed
+  apart. Reported per cap (part="sweep"): the slowest rank's step in each round
+  (round_s) and the fastest of them (seconds), the bucket sizes, and the fastest
+  all-reduce time of each bucket alone; per model (part="compute"): the phases of the
+  fastest step without communication.
 
 On a machine shared with other work, the fastest of several tries is the measurement
 least disturbed by it; that is why minima are reported, and why the rounds interleave
-the settings: a busy moment slows one round of every setting, not every try of one.
+the settings: a busy moment slows one round of every setting, not every try of one,
+and two settings can be compared round by round. A small all_reduce needs many tries:
+on a 2-core machine about a third of them take 2 to 8 ms instead of about 0.4 (with or
+without a capped link, and under plain torchrun on loopback too), so that the fastest of
+7 tries can still be a slow one.
 """
 
 import argparse
@@ -81,6 +88,10 @@ def slowest_rank(phases: list[float]) -> list[float]:
     return rows[rows.sum(dim=1).argmax()].tolist()
 
 
+SMALL = 1 << 20  # an all_reduce of fewer bytes than this is timed TRIES_SMALL times
+TRIES_SMALL = 5  # per round (and 3x as often for alpha-beta) instead of once
+
+
 def all_reduce_alone(nbytes: int) -> float:
     """One plain all_reduce of nbytes of float32 after a barrier: seconds, slowest rank."""
     x = torch.ones(nbytes // 4, device=device)
@@ -93,7 +104,7 @@ sizes, times = [], []
 for nbytes in [2**k for k in range(12, 23, 2)]:  # 4 KiB .. 4 MiB
     all_reduce_alone(nbytes)  # warm-up
     sizes.append(nbytes)
-    times.append(min(all_reduce_alone(nbytes) for _ in range(5)))
+    times.append(min(all_reduce_alone(nbytes) for _ in range(3 * TRIES_SMALL if nbytes < SMALL else 5)))
 if rank == 0:
     report(part="alpha_beta", nbytes=sizes, seconds=times)
 
@@ -142,8 +153,8 @@ for size in args.models.split(","):
             for _ in range(2 if s.cap is None else 1):  # the compute alone is cheap: twice
                 dist.barrier()
                 s.step()
-        for nbytes, seconds in alone.items():  # each bucket size once per round
-            seconds.append(all_reduce_alone(nbytes))
+        for nbytes, seconds in alone.items():  # each bucket size in every round
+            seconds.extend(all_reduce_alone(nbytes) for _ in range(TRIES_SMALL if nbytes < SMALL else 1))
     for s in settings:
         # per step the slowest rank's phases; the step with the smallest total counts
         steps = [slowest_rank(p) for p in s.phases]
@@ -156,7 +167,8 @@ for size in args.models.split(","):
                    param_bytes=reducer_buckets(s.ddp)["total_parameter_size_bytes"])
         else:
             report(part="sweep", model=size, cap_mb=s.cap, seconds=sum(fastest),
-                   bucket_sizes=s.buckets, alone_s=[min(alone[n]) for n in s.buckets])
+                   round_s=[sum(p) for p in steps], bucket_sizes=s.buckets,
+                   alone_s=[min(alone[n]) for n in s.buckets])
     del settings
 
 dist.destroy_process_group()

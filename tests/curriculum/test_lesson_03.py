@@ -20,13 +20,16 @@ L = lesson.load(LESSON, "lesson03")
 MiB = 2**20
 
 
-def sweep_records(steps: dict[float, float], *, alone: dict[float, list[float]]) -> list[dict]:
-    """sweep.py's records for one model: forward 10 ms, backward 40 ms, optimizer 2 ms."""
+def sweep_records(steps: dict[float, float | list[float]], *, alone: dict[float, list[float]]) -> list[dict]:
+    """sweep.py's records for one model: forward 10 ms, backward 40 ms, optimizer 2 ms;
+    per cap the step of each of 3 rounds (one number: the same in every round)."""
     records = [{"part": "compute", "model": "m", "batch": 8, "forward_s": 0.010,
                 "backward_s": 0.040, "optimizer_s": 0.002, "param_bytes": 4 * MiB}]
     for cap, seconds in steps.items():
-        records.append({"part": "sweep", "model": "m", "cap_mb": cap, "seconds": seconds,
-                        "bucket_sizes": [MiB] * len(alone[cap]), "alone_s": alone[cap]})
+        rounds = seconds if isinstance(seconds, list) else [seconds] * 3
+        records.append({"part": "sweep", "model": "m", "cap_mb": cap, "seconds": min(rounds),
+                        "round_s": rounds, "bucket_sizes": [MiB] * len(alone[cap]),
+                        "alone_s": alone[cap]})
     return records
 
 
@@ -109,6 +112,24 @@ def test_the_curves_ends_are_read_as_the_text_says_and_can_be_denied():
     assert [line.rsplit(": ", 1)[1] for line in claims(0.07, 0.2)] == ["True", "True"]
     # the step at 1 MiB above the one bucket's; the small cap's step under no overlap (0.092)
     assert [line.rsplit(": ", 1)[1] for line in claims(0.21, 0.08)] == ["False", "False"]
+
+
+def test_the_curves_ends_are_read_round_by_round_not_from_one_lucky_step():
+    """sweep.py runs every setting once per round; a claim holds when it holds in most
+    rounds, so that one fast (or slow) step of either side cannot decide it."""
+    def claims(step_at_1, one_bucket, small_step):
+        deep = _named(sweep_records({1: step_at_1, 16: one_bucket},
+                                    alone={1: [0.010] * 3, 16: [0.030]}), "deep256")
+        small = _named(sweep_records({2**-12: small_step}, alone={2**-12: [0.001] * 40}), "deep96x64")
+        return [line.rsplit(": ", 1)[1] for line in L.sweep_claims(deep + small).splitlines()]
+
+    # no overlap predicted for deep96x64: 0.052 s of compute + 40 x 1 ms = 0.092 s
+    assert claims([0.15, 0.22, 0.18], [0.20, 0.21, 0.20], [0.10, 0.09, 0.12]) == ["True", "True"]
+    # the fastest steps say the opposite of most rounds: a lucky step on either side
+    assert claims([0.15, 0.22, 0.21], [0.20, 0.20, 0.20], [0.09, 0.08, 0.12]) == ["False", "False"]
+    assert claims([0.19, 0.19, 0.19], [0.18, 0.20, 0.20], [0.08, 0.095, 0.10]) == ["True", "True"]
+    # a tie in a round is not faster; half the rounds are not most
+    assert claims([0.20, 0.19, 0.21, 0.19], [0.20, 0.20, 0.20, 0.20], [0.08] * 3) == ["False", "False"]
 
 
 def test_the_timeline_claims_say_false_when_nothing_overlaps():
