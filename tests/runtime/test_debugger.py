@@ -31,16 +31,40 @@ SCRIPT = SCRIPTS / "breakpoint_rank1.py"
 LABUTILS = [sys.executable, "-m", "labutils.cli"]
 
 
+DEBUGGER_OPEN = "this terminal is its debugger"
+
+
 def _cli(commands: str, *extra: str, runs_dir: Path, delay_s: float = 0.0, env=None):
-    """`labutils launch` in a terminal whose user types ``commands`` after delay_s."""
+    """`labutils launch` in a terminal whose user types ``commands`` delay_s after the
+    launcher said the terminal is a rank's debugger (at once if it never says so)."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([*LABUTILS, "launch", "-n", "2", "--hang-timeout", "2",
                              "--json", str(runs_dir / "summary.json"), str(SCRIPT), *extra],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=runs_dir, env={**os.environ, **(env or {})})
+    assert proc.stdin is not None and proc.stdout is not None
+    out: list[str] = []
+    opened = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            out.append(line)
+            if DEBUGGER_OPEN in line:
+                opened.set()
+        opened.set()  # the output ended: nothing to wait for
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    opened.wait(120)
     time.sleep(delay_s)
-    out, _ = proc.communicate(commands, timeout=120)
-    return proc.returncode, out, json.loads((runs_dir / "summary.json").read_text())
+    try:
+        proc.stdin.write(commands)
+        proc.stdin.close()
+    except BrokenPipeError:  # the run had ended already
+        pass
+    proc.wait(timeout=120)
+    reader.join(30)
+    return proc.returncode, "".join(out), json.loads((runs_dir / "summary.json").read_text())
 
 
 def _gone(summary: dict) -> bool:
@@ -48,13 +72,45 @@ def _gone(summary: dict) -> bool:
 
 
 def test_the_terminal_of_labutils_launch_is_the_ranks_debugger(runs_dir):
-    # the commands come 5 s late: the hang watch (2 s) must wait for the debugger
+    # the commands come 5 s after the debugger opened: the hang watch (2 s) must wait for it
     code, out, summary = _cli("p secret\nsecret = 99\nc\n", runs_dir=runs_dir, delay_s=5)
     assert code == 0, out
     assert "rank 1 stopped at breakpoint_rank1.py:15; this terminal is its debugger" in out
     assert "(Pdb rank 1) 41" in out
     assert "[rank 1] rank 1: secret 99, sum 4" in out and "[rank 0] rank 0: secret 40" in out
+    # pdb's answers before what the rank printed once it went on
+    assert out.index("rank 1 continues") < out.index("[rank 1] rank 1: secret 99"), out
     assert "hang" not in out.lower()
+
+
+def test_pdbs_answers_come_before_the_lines_the_rank_printed_after_them(tmp_path, monkeypatch):
+    """What pdb wrote before its rank went on is shown before the rank's next lines,
+    however late the terminal's own thread runs: the display reads the debugger's
+    socket before it writes a line (once, the run's lines came first under load)."""
+    import io
+    import socket as socketlib
+
+    from labutils.notebook.display import TextDisplay
+
+    path = tmp_path / "rank1.sock"
+    server = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    typed_r, typed_w = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(typed_r))  # nobody types: the bridge waits
+    out = io.StringIO()
+    display = TextDisplay(out=out, limit=None, console=True)
+    display.debugger(1, {"state": "waiting", "socket": str(path), "where": "train.py:9"})
+    rank, _ = server.accept()
+    for answer in ("(Pdb rank 1) ", "41\n(Pdb rank 1) ", "rank 1 continues\n"):
+        rank.sendall(answer.encode())
+    rank.close()  # pdb ended the session; the rank went on and printed:
+    display.lines(1, "stdout", ["rank 1: secret 99"])
+    text = out.getvalue()
+    assert text.index("(Pdb rank 1) 41\n") < text.index("rank 1 continues") < \
+        text.index("[rank 1] rank 1: secret 99"), text
+    os.close(typed_w)
+    server.close()
 
 
 def test_quitting_the_debugger_ends_the_run_and_leaves_no_process(runs_dir):

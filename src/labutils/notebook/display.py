@@ -26,6 +26,7 @@ from typing import TextIO, cast
 
 from labutils.run.display import Display
 from labutils.run.result import RunResult
+from labutils.runtime.debugger import Console, DebuggerGone, bridge_terminal
 from labutils.runtime.runfiles import lines_to_show, relative_path, shorten_paths
 
 __all__ = ["Display", "TextDisplay"]  # Display: the interface, defined with the engine
@@ -163,6 +164,8 @@ class TextDisplay(Display):
         # rank -> {exception line shown as a repeat: the rank whose traceback it repeats}
         self._exception_lines: dict[int, dict[str, int]] = {}
         self.repeats = 0                           # blocks shown as one line
+        self._console: Console | None = None       # the rank's debugger this terminal is
+        self._console_lock = threading.Lock()
 
     @property
     def out(self) -> TextIO:
@@ -174,6 +177,16 @@ class TextDisplay(Display):
 
     def start(self, *, world_size: int, log_dir: str, script: str) -> None:
         self._log_dir = log_dir
+
+    def _pump_console(self) -> None:
+        """Write what the rank's debugger said so far: called by the terminal's bridge
+        and before every line of a rank or of the launcher, so that pdb's answers come before
+        what the rank printed once it went on."""
+        with self._console_lock:
+            text = self._console.take() if self._console is not None else ""
+            if text:
+                self.out.write(text)
+                self.out.flush()
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
         # Stack dumps written from C (faulthandler on a crash) carry absolute paths, and
@@ -262,6 +275,7 @@ class TextDisplay(Display):
 
     # ------------------------------------------------------------- bounded output
     def _write(self, rank: int, stream: str, lines: list[str]) -> None:
+        self._pump_console()
         target = self.out if stream == "stdout" else self.err
         shown = self._shown.get(rank, 0)
         room = len(lines) if self.limit is None else max(0, self.limit - shown)
@@ -279,6 +293,7 @@ class TextDisplay(Display):
             del keep[: -self.tail_lines]
 
     def note(self, text: str) -> None:
+        self._pump_console()
         self.out.write(f"[labutils] {text}\n")
 
     def debugger(self, rank: int, event: dict) -> None:
@@ -288,10 +303,16 @@ class TextDisplay(Display):
         elif state == "waiting" and self.console:
             self.note(f"rank {rank} stopped at {event.get('where', 'a breakpoint')}; this terminal "
                       "is its debugger (pdb: c continues, q ends the run; the other ranks wait)")
-            from labutils.runtime.debugger import bridge_terminal
-
+            try:
+                console = Console(event["socket"])
+            except DebuggerGone:
+                self.note(f"rank {rank} ended before its debugger opened")
+                return
+            with self._console_lock:
+                self._console = console
             threading.Thread(target=bridge_terminal, args=(event["socket"],),
-                             kwargs={"stdout": self.out}, daemon=True).start()
+                             kwargs={"stdout": self.out, "console": console, "pump": self._pump_console},
+                             daemon=True).start()
         elif state == "waiting":
             self.note(f"rank {rank} stopped at {event.get('where', 'a breakpoint')}; the other ranks "
                       f"wait. Debug it from a terminal: labutils debug {relative_path(self._log_dir)}"
@@ -302,6 +323,7 @@ class TextDisplay(Display):
         self.out.flush()
 
     def finish(self, result: RunResult) -> None:
+        self._pump_console()
         self._settle_all()
         for rank, hidden in sorted(self._hidden.items()):
             tail = self._last.get(rank, [])

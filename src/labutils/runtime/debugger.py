@@ -25,6 +25,7 @@ still at its breakpoint (stopped, or ended by its agent when a peer failed).
 
 from __future__ import annotations
 
+import codecs
 import importlib.abc
 import importlib.util
 import os
@@ -222,8 +223,11 @@ class DebuggerGone(ConnectionError):
 class Console:
     """A connection to a rank's debugger: send lines, read what pdb writes.
 
-    Reads on a thread of its own into a buffer that ``take()`` empties, so a display
-    can show pdb's output from the thread it runs on.
+    A thread of its own moves what arrives into a buffer that ``take()`` empties, so a
+    display can show pdb's output from the thread it runs on; ``take()`` also reads
+    what is already on the socket. So everything pdb wrote before the rank went on
+    (before it continued, printed or ended) is in what ``take()`` returns after the
+    display has seen that: pdb's answers come before the rank's next lines.
     """
 
     def __init__(self, path: str) -> None:
@@ -236,25 +240,39 @@ class Console:
             self.sock.close()
             raise DebuggerGone(f"the rank's debugger at {path} is gone: {exc}") from exc
         self._buffer: list[str] = []
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
         self._lock = threading.Lock()
         self.closed = threading.Event()
         threading.Thread(target=self._read, name="labutils-debug-read", daemon=True).start()
 
     def _read(self) -> None:
-        while True:
+        while not self.closed.is_set():
             try:
-                data = self.sock.recv(65536)
+                select.select([self.sock], [], [], 0.5)
+            except (OSError, ValueError):  # closed under us
+                self.closed.set()
+                return
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Move what the socket holds now into the buffer (the lock held)."""
+        while not self.closed.is_set():
+            try:
+                data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
             except OSError:
                 data = b""
             if not data:
                 self.closed.set()
                 return
-            with self._lock:
-                self._buffer.append(data.decode("utf-8", errors="replace"))
+            self._buffer.append(self._decode(data))
 
     def take(self) -> str:
-        """What pdb wrote since the last call."""
+        """What pdb wrote since the last call, up to what the socket holds now."""
         with self._lock:
+            self._drain()
             text, self._buffer = "".join(self._buffer), []
         return text
 
@@ -300,25 +318,34 @@ def waiting_sockets(run_dir: str | os.PathLike) -> dict[int, str]:
     return found
 
 
-def bridge_terminal(path: str, *, stdin=None, stdout=None, poll_s: float = 0.1) -> None:
+def bridge_terminal(path: str, *, stdin=None, stdout=None, poll_s: float = 0.1,
+                    console: Console | None = None, pump=None) -> None:
     """Connect a terminal (stdin, stdout) to a rank's debugger until the session ends.
 
-    The end of stdin sends an end of file, which pdb takes as quit.
+    The end of stdin sends an end of file, which pdb takes as quit. ``console``: one
+    already open; ``pump``: writes what ``console.take()`` returns, for a display that
+    also calls it before its own lines (by default, to stdout).
     """
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    try:
-        console = Console(path)
-    except DebuggerGone:
-        stdout.write("[labutils] the rank ended before its debugger opened\n")
-        stdout.flush()
-        return
+    if console is None:
+        try:
+            console = Console(path)
+        except DebuggerGone:
+            stdout.write("[labutils] the rank ended before its debugger opened\n")
+            stdout.flush()
+            return
+
+    def to_stdout() -> None:
+        text = console.take()
+        if text:
+            stdout.write(text)
+            stdout.flush()
+
+    pump = pump or to_stdout
     try:
         while not console.closed.is_set():
-            text = console.take()
-            if text:
-                stdout.write(text)
-                stdout.flush()
+            pump()
             try:
                 ready = select.select([stdin], [], [], poll_s)[0]
             except (OSError, ValueError):  # stdin closed, or no file descriptor
@@ -327,10 +354,11 @@ def bridge_terminal(path: str, *, stdin=None, stdout=None, poll_s: float = 0.1) 
                 line = stdin.readline()
                 if not line:  # end of input: pdb's EOF command quits
                     console.sock.shutdown(socket.SHUT_WR)
-                    console.closed.wait(5)
                     break
                 console.send(line)
-        stdout.write(console.take())
-        stdout.flush()
+        deadline = time.monotonic() + 5
+        while not console.closed.wait(poll_s) and time.monotonic() < deadline:
+            pump()  # what pdb answers to the last commands, as it comes
+        pump()
     finally:
         console.close()
