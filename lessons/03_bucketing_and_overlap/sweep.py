@@ -8,9 +8,6 @@ links are capped, see labutils.cluster), or on one machine:
 
 or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=1).
 
-- all_reduce of float32 arrays from 4 KiB to 4 MiB: seconds per call (each call after
-  a barrier; the slowest rank's time; the fastest of TRIES_SMALL tries under SMALL bytes,
-  of 5 from there), reported as part="alpha_beta".
 - per model (--models) and cap (SWEEPS below, MiB): 3 warm-up steps (the first one uses a
   single bucket, the second rebuilds), then --rounds rounds in which every setting takes
   one timed step (forward, backward, SGD step); then, in every round, each bucket size
@@ -21,6 +18,10 @@ or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=
   (round_s) and the fastest of them (seconds), the bucket sizes, and the fastest
   all-reduce time of each bucket alone; per model (part="compute"): the phases of the
   fastest step without communication.
+- before the steps and again after them, all_reduce of float32 arrays from 4 KiB to
+  4 MiB: seconds per call (each call after a barrier; the slowest rank's time; the
+  fastest of 3 x TRIES_SMALL tries under SMALL bytes, of 5 from there, in each pass),
+  reported as part="alpha_beta".
 
 On a machine shared with other work, the fastest of several tries is the measurement
 least disturbed by it; that is why minima are reported, and why the rounds interleave
@@ -100,13 +101,20 @@ def all_reduce_alone(nbytes: int) -> float:
 
 
 # ---------------------------------------------------------------- all_reduce: alpha and beta
-sizes, times = [], []
-for nbytes in [2**k for k in range(12, 23, 2)]:  # 4 KiB .. 4 MiB
-    all_reduce_alone(nbytes)  # warm-up
-    sizes.append(nbytes)
-    times.append(min(all_reduce_alone(nbytes) for _ in range(3 * TRIES_SMALL if nbytes < SMALL else 5)))
-if rank == 0:
-    report(part="alpha_beta", nbytes=sizes, seconds=times)
+AB_SIZES = [2**k for k in range(12, 23, 2)]  # 4 KiB .. 4 MiB
+AB_TRIES: dict[int, list[float]] = {n: [] for n in AB_SIZES}
+
+
+def time_alpha_beta_sizes() -> None:
+    """Each size's tries back to back, from the smallest. Done twice, before and after
+    the steps: the tries of one pass can all fall into one slow moment (in one run all
+    15 tries of 4 KiB took over 2 ms), two passes half a minute apart hardly ever do."""
+    for n in AB_SIZES:
+        all_reduce_alone(n)  # warm-up
+        AB_TRIES[n].extend(all_reduce_alone(n) for _ in range(3 * TRIES_SMALL if n < SMALL else 5))
+
+
+time_alpha_beta_sizes()
 
 
 # ---------------------------------------------------------------- step time per cap
@@ -170,5 +178,9 @@ for size in args.models.split(","):
                    round_s=[sum(p) for p in steps], bucket_sizes=s.buckets,
                    alone_s=[min(alone[n]) for n in s.buckets])
     del settings
+
+time_alpha_beta_sizes()  # the second pass of alpha-beta's sizes
+if rank == 0:
+    report(part="alpha_beta", nbytes=AB_SIZES, seconds=[min(AB_TRIES[n]) for n in AB_SIZES])
 
 dist.destroy_process_group()
