@@ -342,4 +342,9 @@ def test_overlap_is_read_against_the_last_gradient_not_the_backward_span(lesson0
                             (30_000, 20_000, 21_000)])
     assert lesson06.trace_overlap("t").splitlines() == [
         "gloo:all_reduce events per profiled step: 2",
-        "steps whose first all_reduce started before backward computed its last gradient: 1 of 3"]
+        "the first all_reduce started before backward computed its last gradient, in most "
+        "profiled steps: False"]  # 1 of 3
+    # one late start among three steps (its gloo thread waited for a core) still says True
+    _trace(tmp_path / "u", [(30_000, 20_000, 8_000), (30_000, 20_000, 21_000),
+                            (30_000, 20_000, 12_000)])
+    assert lesson06.trace_overlap("u").endswith("in most profiled steps: True")
