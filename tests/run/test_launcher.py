@@ -462,3 +462,43 @@ def test_cli_script_args_after_double_dash(runs_dir, write_script, tmp_path):
     )
     assert proc.returncode == 0
     assert "[rank 0] ['--epochs', '2']" in proc.stdout
+
+
+def test_a_run_holds_its_rendezvous_port_against_other_launchers_until_it_ends(
+        runs_dir, write_script, tmp_path):
+    """The port is claimed from the moment it is drawn (runtime/procs.py): another
+    launcher's draw skips it while this run goes, and takes it again once it is over.
+    Agent 0 is told it hosts the store, so a taken port fails the run instead of making
+    it a client of another run's store."""
+    import threading
+
+    from labutils.run.launcher import prepare
+    from labutils.runtime.procs import _claim
+
+    flag = tmp_path / "go"
+    script = write_script("waits.py", f"""
+        import pathlib, time
+        while not pathlib.Path({str(flag)!r}).exists():
+            time.sleep(0.05)
+        print("over")
+        """)
+    run = prepare(script, 1, display="none")
+    command = run.request.commands[0]
+    port = int(command[command.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1])
+    assert "is_host=true" in command[command.index("--rdzv-conf") + 1]
+    assert _claim(port) is None   # held before it starts...
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not list(runs_dir.glob("*/rank0/events.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _claim(port) is None   # ...and while it runs
+    finally:
+        flag.touch()
+        thread.join(90)
+    assert done and done[0].ok, done
+    again = _claim(port)   # let go once it is over
+    assert again is not None
+    again.release()

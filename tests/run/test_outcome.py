@@ -268,3 +268,26 @@ def test_a_rank_that_raised_as_the_job_was_stopped_is_placed_at_its_exception(tm
     assert ({r: w.rsplit("/", 1)[-1] for r, w in at.waiting.items()}, at.calls, at.sources) == (
         {0: f"{SCRIPT}:9", 1: f"{SCRIPT}:5"}, {0: "all_reduce", 1: ""},
         {0: "dist.all_reduce(x)", 1: "line_5 = 5"})
+
+
+def test_a_rendezvous_port_taken_by_another_program_is_said_in_words():
+    """Agent 0 is told it hosts the store (run/spec.py), so a port another program bound
+    after it was drawn fails the run; the root cause says so instead of torchrun's
+    "See inner exception for details" (the agent's log as torch 2.13 writes it)."""
+    log = "\n".join([
+        "[W1130 19:06:46.0 socket.cpp:767] [c10d] The server socket has failed to listen on "
+        "any local network address.",
+        "Traceback (most recent call last):",
+        '  File "c10d_rendezvous_backend.py", line 160, in _create_tcp_store',
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+        "local network address. port: 41927, useIpv6: false, code: -98, name: EADDRINUSE, "
+        "message: address already in use",
+        "The above exception was the direct cause of the following exception:",
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection "
+        "to the C10d store has failed. See inner exception for details."])
+    failure = outcome.agent_failure(log, 1)
+    assert failure.kind == "torchrun" and failure.rank == -1
+    assert failure.message.startswith("the rendezvous port 41927 was taken by another program")
+    assert "run again" in failure.message
+    other = outcome.agent_failure(log.replace("EADDRINUSE", "ECONNREFUSED"), 1)
+    assert other.message.endswith("See inner exception for details.")

@@ -21,7 +21,7 @@ from labutils.run.nodes import LEASE_RENEW_S
 from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, public_fault
 from labutils.run.warm import Start
-from labutils.runtime.procs import free_port
+from labutils.runtime.procs import PortClaim, claim_port
 
 SLURM_POLL_S = 0.5
 NODES_STOP_S = 10.0  # how long the nodes may take to stop their own ranks before scancel
@@ -61,6 +61,7 @@ class SlurmBackend(Backend):
         self._lease_at = 0.0
         self._exit_code: int | None = None
         self._stop_asked = False
+        self._port: PortClaim | None = None  # the rendezvous port, claimed in batch_script()
 
     @classmethod
     def check_request(cls, spec: LaunchSpec, options: dict | None) -> None:
@@ -100,10 +101,12 @@ class SlurmBackend(Backend):
 
     def batch_script(self) -> str:
         opts = {"time_limit": "00:30:00", **self.options}
+        # claimed against this machine's other launchers until the job is over (close)
+        self._port = claim_port()
         return sbatch_script(
             str(self.spec.script), nnodes=self.spec.local_agents, nproc_per_node=self.spec.nproc,
             args=self.spec.args, job_name=opts.pop("job_name", self.spec.script.stem),
-            output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=free_port(),
+            output="slurm-%j.out", run_dir=str(self.run_dir), rdzv_port=self._port.port,
             python=sys.executable, node_command=self.node_command, labutils_nodes=True, **opts)
 
     def start(self, env: dict[str, str], logs: contextlib.ExitStack, note) -> None:
@@ -121,6 +124,10 @@ class SlurmBackend(Backend):
         if now - self._lease_at >= LEASE_RENEW_S:
             self._lease_at = now
             self.nodes.renew_lease()
+
+    def close(self) -> None:
+        if self._port is not None:
+            self._port.release()
 
     def finished(self, now: float, note) -> bool:
         if self.job is None:

@@ -178,7 +178,7 @@ class VirtualCluster:
         from labutils.run.launcher import launch, prepare
         from labutils.run.spec import runs_root
         from labutils.runtime import runfiles
-        from labutils.runtime.procs import free_port
+        from labutils.runtime.procs import claim_port
 
         if self._closed:
             raise RuntimeError("this cluster is closed; make a new one with virtual_cluster()")
@@ -188,7 +188,8 @@ class VirtualCluster:
             result.cluster = self.summary()
             return result
         rdzv_id = rdzv_id or f"{Path(str(script)).stem}-{uuid.uuid4().hex[:8]}"
-        endpoint = f"{self.addresses[0]}:{free_port(self.addresses[0])}"
+        port = claim_port(self.addresses[0])  # claimed until the job is over
+        endpoint = f"{self.addresses[0]}:{port.port}"
         root = runs_root(log_dir).resolve()
         ranked = not launch_kwargs.get("max_restarts")
         if not ranked:
@@ -226,6 +227,7 @@ class VirtualCluster:
             return result
         finally:
             _end_nodes(nodes, node_timeout)
+            port.release()
 
     def _node_env(self, host: int, env: dict | None, c10d: bool = False) -> dict[str, str]:
         """The ranks' environment on host: labutils.dist.link_bytes() reads the link's

@@ -25,7 +25,7 @@ from labutils.run.attempts import RankState
 from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.run.warm import Keeper, Start, decide_start
 from labutils.runtime import runfiles
-from labutils.runtime.procs import pid_alive, signal_all, stop_processes, tree
+from labutils.runtime.procs import PortClaim, pid_alive, signal_all, stop_processes, tree
 
 if TYPE_CHECKING:
     AgentProcess = subprocess.Popen | Keeper  # a cold agent's Popen, or a warm server's keeper
@@ -117,6 +117,9 @@ class Backend:
     def check_request(cls, spec: LaunchSpec, options: dict | None) -> None:
         """Raise LaunchConfigError for what the scheduler cannot run, before anything starts."""
 
+    def close(self) -> None:
+        """The run is over, every process of it ended: let go of what the back end held."""
+
     def finished(self, now: float, note) -> bool:
         raise NotImplementedError
 
@@ -129,10 +132,11 @@ class LocalAgents(Backend):
 
     shared = False  # every rank is this launcher's to signal (unless multi-node)
 
-    def __init__(self, spec: LaunchSpec, run_dir: Path, token: str, *, port: int,
+    def __init__(self, spec: LaunchSpec, run_dir: Path, token: str, *, port: PortClaim,
                  run_id: str) -> None:
         self.spec = spec
-        self.port, self.run_id = port, run_id
+        # the rendezvous port, claimed until the run is over (runtime/procs.py says why)
+        self.port, self.run_id, self._claim = port.port, run_id, port
         self.elastic_dir = runfiles.elastic_dir(run_dir)
         self.startup = decide_start(spec)  # the plan; start() decides again with the servers
         self.agents = [Agent(i, [], runfiles.agent_log_path(run_dir, token or i))
@@ -173,6 +177,9 @@ class LocalAgents(Backend):
 
     def tick(self, now: float) -> None:
         """Nothing to renew: the agents are this launcher's children."""
+
+    def close(self) -> None:
+        self._claim.release()
 
     def any_alive(self) -> bool:
         return any(a.alive() for a in self.agents)

@@ -30,7 +30,7 @@ from labutils.run.spec import LaunchSpec, RunRequest
 from labutils.run.states import Ending, RankStatus
 from labutils.run.streams import EndingsTail, EventTail, RankOutput
 from labutils.runtime import runfiles
-from labutils.runtime.procs import free_port, pid_alive
+from labutils.runtime.procs import claim_port, pid_alive
 
 _last_result: RunResult | None = None
 
@@ -77,7 +77,7 @@ class Run:
         elif scheduler is not None:
             made = scheduler_backend(scheduler)(spec, run_dir, slurm, self.nodes)
         else:
-            made = LocalAgents(spec, run_dir, self.token, port=free_port(),
+            made = LocalAgents(spec, run_dir, self.token, port=claim_port(),
                                run_id=uuid.uuid4().hex[:12])
         # What the loop gathers, passed to run/outcome.py. Ranks may run where this
         # launcher cannot signal them (other machines' nodes): shared.
@@ -160,6 +160,7 @@ class Run:
             except KeyboardInterrupt:  # pressed again while the run was being stopped
                 interrupted = again = True
                 self.state.reason = Ending.INTERRUPTED
+        self.state.backend.close()
         global _last_result
         settled = outcome.final_result(self.state, now=time.monotonic())
         for rank, code in settled.exit_codes.items():

@@ -191,7 +191,12 @@ def agent_failure(agent_text: str, exit_code: int | None = None) -> Failure:
     lines = [ln for ln in agent_text.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
     message = errors[-1] if errors else (lines[-1] if lines else "torchrun exited with an error")
-    if not errors and exit_code is not None and exit_code < 0:
+    taken = re.search(r"failed to listen on any local network address\. port: (\d+).*EADDRINUSE",
+                      agent_text)
+    if taken:  # the store's port, free when drawn, was bound by another program since
+        message = (f"the rendezvous port {taken.group(1)} was taken by another program before "
+                   "torchrun's store could listen on it: run again (each run draws a new port)")
+    elif not errors and exit_code is not None and exit_code < 0:
         message = (f"torchrun's agent was killed by {signal_name(exit_code)}, and its ranks were "
                    "stopped with it (a kill of the agent's pid, or the OOM killer)")
     return Failure(rank=-1, exc_type="torchrun", message=message, file=None, line=None,

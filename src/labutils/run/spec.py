@@ -349,14 +349,13 @@ def torchrun_command(spec: LaunchSpec, *, port: int, run_id: str, agent: int = 0
         endpoint, rdzv_id = cast(str, spec.rdzv_endpoint), cast(str, spec.rdzv_id)
         if spec.node_rank is not None:
             backend, node = "static", ["--node-rank", str(spec.node_rank)]
-    rdzv = []
-    if spec.elastic:
-        conf = {**ELASTIC_RDZV_CONF, **spec.rdzv_conf}
-        if not spec.multinode:
-            conf["is_host"] = "true" if agent == 0 else "false"
-        rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
-    elif spec.rdzv_conf:
-        rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf.items())]
+    conf = {**ELASTIC_RDZV_CONF, **spec.rdzv_conf} if spec.elastic else dict(spec.rdzv_conf)
+    if not spec.multinode:
+        # Agent 0 hosts the store on the port its launcher claimed: said, not guessed. When
+        # torchrun guesses and cannot bind the port, it joins whatever store listens there
+        # as a client: another run's, whose end then ends this one (runtime/procs.py).
+        conf["is_host"] = "true" if agent == 0 else "false"
+    rdzv = ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())] if conf else []
     return [
         sys.executable, "-m", "labutils.runtime.agent",
         "--nnodes", spec.nnodes,

@@ -131,25 +131,101 @@ def die_with_parent(expected_parent: int | None = None) -> None:
         os._exit(137)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on every address here, for a store that binds them all.
+class PortClaim:
+    """A port drawn by free_port()/claim_port(), claimed against every other labutils
+    process on this machine until release() (or until this object is gone).
+
+    A port is checked free when it is drawn but bound only later, by a torchrun agent
+    that starts in a second or, cold on a loaded machine, in ten. Two launchers that
+    drew the same port in that window once made two runs of the test suite share one
+    rendezvous store: the second agent, finding the port taken, became a client of the
+    first run's store (torchrun falls back to that when it guesses is_host), and its
+    ranks were all ended with SIGTERM when the first run ended and took its store along
+    (2026-11-30: a segfault ending reported as rank 0's SIGTERM). The claim is an
+    abstract Unix socket named after the port: the kernel refuses a second bind of the
+    name, frees it when its holder dies, and keeps one such namespace per network
+    namespace, as it keeps one TCP port space; any user may hold one (a grader's
+    submissions run as users of their own).
+    """
+
+    def __init__(self, port: int, sock: socket.socket | None) -> None:
+        self.port = port
+        self._sock = sock
+
+    def release(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def __del__(self) -> None:
+        self.release()
+
+    def __enter__(self) -> PortClaim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"PortClaim({self.port}{'' if self._sock is not None else ', released'})"
+
+
+CLAIM_PREFIX = "labutils-port-"
+# free_port() keeps its claims for the process's life, the oldest let go past this many
+# (its callers want a number: a test's server, a world of one); a run holds its own.
+_KEPT = 32
+_kept: list[PortClaim] = []
+
+
+def _claim(port: int) -> PortClaim | None:
+    """The claim on port, or None if another process (or this one) holds it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(f"\0{CLAIM_PREFIX}{port}")
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        return PortClaim(port, None)  # no abstract sockets here (not Linux): unclaimed
+    return PortClaim(port, sock)
+
+
+def claim_port(host: str = "127.0.0.1") -> PortClaim:
+    """A TCP port free on every address here, for a store that binds them all, and
+    claimed (PortClaim) until its holder releases it.
 
     The rendezvous store listens on the wildcard address, so a port that is free on
     `host` alone is not enough: a listener on another address (gloo's, a kernel's) with
     the same port makes the store's bind fail. The port is drawn below the kernel's
     ephemeral range, where the ports that other programs bind to port 0 and their
     outgoing connections come from, so none of them takes it between this check and
-    the store's bind. `host` is kept for callers that name the address the store
-    serves; the check covers it. Never 29500 by habit.
+    the store's bind; another labutils launcher's draw is kept off by the claim. `host`
+    is kept for callers that name the address the store serves; the check covers it.
+    Never 29500 by habit.
     """
     low, _ = _ephemeral_range()
     for _ in range(64 if low > 2048 else 0):
         port = random.randrange(max(1024, low - 12000), low)
-        if _bindable(port, host):
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: the OS picks
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+        if _bindable(port, host) and (claim := _claim(port)) is not None:
+            if _bindable(port, host):  # bound by someone between the check and the claim
+                return claim
+            claim.release()
+    for _ in range(16):  # all taken: the OS picks
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+            if (claim := _claim(port)) is not None:
+                return claim
+    raise OSError(errno.EADDRINUSE, "no free TCP port could be claimed on this machine")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """claim_port()'s port, its claim kept by this process (the last few dozen)."""
+    claim = claim_port(host)
+    _kept.append(claim)
+    while len(_kept) > _KEPT:
+        _kept.pop(0).release()
+    return claim.port
 
 
 def _ephemeral_range() -> tuple[int, int]:
