@@ -83,6 +83,12 @@ def record(how: str, start: str, nproc: int, failing: int, out: Path) -> None:
         result = launch(SCRIPT, nproc=nproc, args=[how, str(failing)], display="none",
                         hang_timeout=4 if how == "stuck" else 30, timeout=90, log_dir=out.parent / ".tmp",
                         warm=start == "warm", env={"TMPDIR": tmp})
+    keep(result, out, how=how, start=start, nproc=nproc, failing=failing)
+
+
+def keep(result, out: Path, **meta) -> None:
+    """A run's folder kept as a recording in out, with recording.json (meta and how the
+    run started and ended), this checkout's path made a learner's."""
     shutil.rmtree(out, ignore_errors=True)
     for pattern in FILES:
         for path in Path(result.log_dir).glob(pattern):
@@ -90,10 +96,53 @@ def record(how: str, start: str, nproc: int, failing: int, out: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(path.read_text(errors="replace").replace(str(REPO), LEARNER))
     (out / "recording.json").write_text(json.dumps({
-        "how": how, "start": start, "start_reason": result.start_reason, "nproc": nproc,
-        "failing": failing,
+        **meta, "start_reason": result.start_reason,
         "agent_exit_code": result.agent_exit_code}, indent=1) + "\n")
     shutil.rmtree(out.parent / ".tmp", ignore_errors=True)
+
+
+INCIDENTS = REPO / "tests" / "data" / "incidents"
+FOREVER = REPO / "tests" / "scripts" / "forever.py"
+
+
+def record_store_lost(out: Path, *, nproc: int = 2, store_s: float = 6.0) -> None:
+    """A run whose torchrun agent joined another program's rendezvous store and lost it:
+    what a run did before agent 0 was told it hosts its store (runtime/procs.py says how
+    two launchers drew one port). A TCPStore of another process holds the port; the
+    agent, not told it hosts the store, finds the port taken and joins that store as a
+    client; the store's process ends after store_s, and the agent with it, having ended
+    every rank (tests/scripts/forever.py) with SIGTERM. Kept as a recording: today's
+    launcher never starts a run this way."""
+    import subprocess
+
+    from labutils import launch
+    from labutils.run import backends, follow
+    from labutils.runtime.procs import claim_port
+
+    port = claim_port()
+    store = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, datetime; from torch.distributed import TCPStore; "
+         "s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, multi_tenant=True, "
+         "wait_for_workers=False); print('up', flush=True); time.sleep(float(sys.argv[2]))",
+         str(port.port), str(store_s)], stdout=subprocess.PIPE, text=True)
+    assert store.stdout is not None and store.stdout.readline().strip() == "up"
+    real = backends.torchrun_command
+
+    def unsaid(spec, **kw):  # the command as it was: is_host left to torchrun's guess
+        command = real(spec, **kw)
+        at = command.index("--rdzv-conf")
+        conf = ",".join(kv for kv in command[at + 1].split(",") if not kv.startswith("is_host="))
+        return command[:at] + (["--rdzv-conf", conf] if conf else []) + command[at + 2:]
+
+    backends.torchrun_command = unsaid
+    follow.claim_port = lambda host="127.0.0.1": port  # type: ignore[assignment]
+    try:
+        result = launch(FOREVER, nproc=nproc, display="none", hang_timeout=None, timeout=60,
+                        log_dir=out.parent / ".tmp", warm=False)
+    finally:
+        backends.torchrun_command, follow.claim_port = real, claim_port
+        store.wait()
+    keep(result, out, how="store_lost", start="cold", nproc=nproc, failing=-1)
 
 
 if __name__ == "__main__":

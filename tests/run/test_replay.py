@@ -76,3 +76,24 @@ def test_a_second_ctrl_c_during_the_stop_asks_the_back_end_to_end_at_once(tmp_pa
     with pytest.raises(KeyboardInterrupt, match="every rank was stopped"):
         run.run()
     assert calls == [("failed", False), ("interrupted", True)]
+
+
+def test_a_run_whose_agent_lost_its_rendezvous_store_blames_the_agent_not_a_rank(tmp_path):
+    """Recorded (replay.record_store_lost): the agent had joined another run's store,
+    which ended; torchrun ended both ranks with SIGTERM and exited with its own error.
+    No rank failed: the root cause is torchrun's, where it once read "rank 0: SIGTERM,
+    the process ended without an exit code we could read" (run 122, 2026-11-30)."""
+    from labutils.run.spec import make_spec
+    from replay import FOREVER, INCIDENTS
+
+    recording = INCIDENTS / "store_lost-cold"
+    spec = make_spec(FOREVER, 2)
+    run = Run(spec, new_run_dir(spec.script, tmp_path), Display(),
+              backend=lambda spec, run_dir: ReplayAgents(spec, run_dir, recording))
+    summary = run.run().to_json()
+    failure = summary["failure"]
+    assert summary["reason"] == "failed"
+    assert (failure["rank"], failure["kind"]) == (-1, "torchrun"), failure
+    assert "lost the connection to its rendezvous store" in failure["message"], failure
+    assert [r["state"] for r in summary["ranks"]] == ["killed", "killed"]
+    assert [r["exit_code"] for r in summary["ranks"]] == [-15, -15]

@@ -185,17 +185,41 @@ def shared_run_terminated(state: RunState, r: RankState) -> bool:
     return any(log.is_file() for log in logs) and r.pid not in torchrun_signalled(logs)
 
 
+def stopped_by_its_agent(state: RunState, failure: Failure, codes: dict[int, int | None],
+                         agent_text: str) -> bool:
+    """No rank failed on its own: every rank that ended badly was ended with SIGTERM by
+    torchrun, and torchrun then exited with an error of its own (not a rank's
+    ChildFailedError): it lost its rendezvous store, say. Its failure is the root cause,
+    not the first rank it stopped (once "rank 0: SIGTERM")."""
+    if failure.kind != "signal" or failure.exit_code != -signal.SIGTERM \
+            or state.backend.exit_code in (0, None):
+        return False
+    if "Traceback (most recent call last)" not in agent_text or "ChildFailedError" in agent_text:
+        return False
+    logs = runfiles.agent_logs(state.run_dir) if state.shared else state.backend.logs()
+    signalled = torchrun_signalled(logs)
+    bad = [r for r in state.ranks if codes.get(r.rank) not in (0, None)
+           or state.fold.index in r.exceptions]
+    return bool(bad) and all(codes.get(r.rank) == -signal.SIGTERM and r.pid in signalled
+                             and state.fold.index not in r.exceptions for r in bad)
+
+
 def agent_failure(agent_text: str, exit_code: int | None = None) -> Failure:
     """A failure of torchrun itself (before any rank ran, or its agent killed), from the
     agent's log and its exit code (negative: the signal that ended it)."""
     lines = [ln for ln in agent_text.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
+    # a Python exception's line ("torch.distributed...RendezvousConnectionError: ..."), not
+    # a C++ warning's ("Exception raised from sendBytes at ...")
+    errors = [ln for ln in lines if re.match(r"^(?:\w+\.)*\w*(?:Error|Exception)(?::|$)", ln)]
     message = errors[-1] if errors else (lines[-1] if lines else "torchrun exited with an error")
     taken = re.search(r"failed to listen on any local network address\. port: (\d+).*EADDRINUSE",
                       agent_text)
     if taken:  # the store's port, free when drawn, was bound by another program since
         message = (f"the rendezvous port {taken.group(1)} was taken by another program before "
                    "torchrun's store could listen on it: run again (each run draws a new port)")
+    elif "RendezvousConnectionError" in message and "Connection was likely closed" in agent_text:
+        message = ("torchrun's agent lost the connection to its rendezvous store (the process "
+                   "that held the store ended or closed it) and stopped every rank")
     elif not errors and exit_code is not None and exit_code < 0:
         message = (f"torchrun's agent was killed by {signal_name(exit_code)}, and its ranks were "
                    "stopped with it (a kill of the agent's pid, or the OOM killer)")
@@ -440,7 +464,7 @@ def final_result(state: RunState, *, now: float) -> Settled:
     failure = None
     if reason == Ending.FAILED:
         failure = failure_of(state, state.fold.index, member_codes, finished)
-        if failure is None:
+        if failure is None or stopped_by_its_agent(state, failure, member_codes, agent_text):
             failure = agent_failure(agent_text or "\n".join(
                 p.read_text(errors="replace") for p in backend.logs()), backend.exit_code)
     if failure is not None and 0 <= failure.rank < len(state.ranks) and \
