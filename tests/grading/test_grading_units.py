@@ -665,3 +665,34 @@ def test_a_starter_fails_prefix_that_names_two_checks_is_a_problem_of_the_releas
                         "check a prefix of its own"]
     assert starter_problems(both, ["One rank writes checkpoint.pt at", "One rank writes checkpoint.pt on"]) == []
     assert starter_problems(graded("The run resumes"), ["The run"]) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the grader gives each submission a user of "
+                    "its own only when it runs as root")
+def test_two_submissions_graded_at_once_never_share_a_learner_user(monkeypatch):
+    """The user is drawn from the job's tag; two gradings at once that drew the same one
+    would share its process limit (a fork bomb in one starves the other). Each holds its
+    id while it grades; the next takes another, and the id is free again after. (Where
+    Python's files are closed to other users, as under /root, the grader keeps root and
+    draws no user: the paths are taken as open here.)"""
+    import tempfile
+
+    from labutils.grading import supervisor as module
+    from labutils.grading.supervisor import LEARNER_IDS, Supervisor
+
+    monkeypatch.setattr(module, "_open_to_others", lambda path: True)
+
+    def supervisor(root: str) -> Supervisor:
+        made = Supervisor.__new__(Supervisor)   # only what choosing the user reads
+        made.job, made.root, made._uid_claim = {"tag": "0a1b2c3d"}, Path(root), None
+        return made
+
+    with tempfile.TemporaryDirectory() as root:
+        first, second = supervisor(root), supervisor(root)
+        (uid, _), why = first._learner_user()
+        assert LEARNER_IDS[0] <= uid < LEARNER_IDS[1], why
+        (other, _), _ = second._learner_user()
+        assert other != uid
+        first._uid_claim.release()
+        (again, _), _ = supervisor(root)._learner_user()
+        assert again == uid

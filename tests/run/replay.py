@@ -24,7 +24,7 @@ from pathlib import Path
 from labutils.run.backends import LocalAgents
 from labutils.run.spec import LaunchSpec
 from labutils.run.warm import Start
-from labutils.runtime.procs import PortClaim
+from labutils.runtime.procs import Claim
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDINGS = REPO / "tests" / "data" / "recorded"
@@ -38,7 +38,7 @@ class ReplayAgents(LocalAgents):
     into the run folder, and the agents are over, with the recorded exit code."""
 
     def __init__(self, spec: LaunchSpec, run_dir: Path, recording: Path) -> None:
-        super().__init__(spec, run_dir, "", port=PortClaim(0, None), run_id="replay")
+        super().__init__(spec, run_dir, "", port=Claim(0, None), run_id="replay")
         self.run_dir, self.recording = run_dir, recording
         self.meta = json.loads((recording / "recording.json").read_text())
         self.startup = Start(self.meta["start"], self.meta.get("start_reason"))

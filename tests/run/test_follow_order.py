@@ -16,7 +16,7 @@ from labutils.run.follow import Run
 from labutils.run.spec import make_spec, new_run_dir
 from labutils.run.warm import Start
 from labutils.runtime import runfiles
-from labutils.runtime.procs import PortClaim
+from labutils.runtime.procs import Claim
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "endings.py"
 
@@ -41,7 +41,7 @@ class PhasedAgents(ReplayAgents):
     whether it is alive, and exits with 0 after the last."""
 
     def __init__(self, spec, run_dir: Path) -> None:  # ReplayAgents', without a recording
-        LocalAgents.__init__(self, spec, run_dir, "", port=PortClaim(0, None), run_id="phased")
+        LocalAgents.__init__(self, spec, run_dir, "", port=Claim(0, None), run_id="phased")
         self.run_dir, self.phases, self.stopped = run_dir, list(PHASES), []
         self.meta = {"agent_exit_code": 0}
         self.startup = Start("cold", "a fake back end")

@@ -473,7 +473,7 @@ def test_a_run_holds_its_rendezvous_port_against_other_launchers_until_it_ends(
     import threading
 
     from labutils.run.launcher import prepare
-    from labutils.runtime.procs import _claim
+    from labutils.runtime.procs import claim
 
     flag = tmp_path / "go"
     script = write_script("waits.py", f"""
@@ -486,7 +486,7 @@ def test_a_run_holds_its_rendezvous_port_against_other_launchers_until_it_ends(
     command = run.request.commands[0]
     port = int(command[command.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1])
     assert "is_host=true" in command[command.index("--rdzv-conf") + 1]
-    assert _claim(port) is None   # held before it starts...
+    assert claim("port", port) is None   # held before it starts...
     done: list = []
     thread = threading.Thread(target=lambda: done.append(run.run()))
     thread.start()
@@ -494,11 +494,11 @@ def test_a_run_holds_its_rendezvous_port_against_other_launchers_until_it_ends(
         deadline = time.monotonic() + 60
         while not list(runs_dir.glob("*/rank0/events.jsonl")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _claim(port) is None   # ...and while it runs
+        assert claim("port", port) is None   # ...and while it runs
     finally:
         flag.touch()
         thread.join(90)
     assert done and done[0].ok, done
-    again = _claim(port)   # let go once it is over
+    again = claim("port", port)   # let go once it is over
     assert again is not None
     again.release()

@@ -21,7 +21,7 @@ from labutils.run.nodes import LEASE_RENEW_S
 from labutils.run.options import node_words
 from labutils.run.spec import LaunchSpec, public_fault
 from labutils.run.warm import Start
-from labutils.runtime.procs import PortClaim, claim_port
+from labutils.runtime.procs import Claim, claim_port
 
 SLURM_POLL_S = 0.5
 NODES_STOP_S = 10.0  # how long the nodes may take to stop their own ranks before scancel
@@ -61,7 +61,7 @@ class SlurmBackend(Backend):
         self._lease_at = 0.0
         self._exit_code: int | None = None
         self._stop_asked = False
-        self._port: PortClaim | None = None  # the rendezvous port, claimed in batch_script()
+        self._port: Claim | None = None  # the rendezvous port, claimed in batch_script()
 
     @classmethod
     def check_request(cls, spec: LaunchSpec, options: dict | None) -> None:

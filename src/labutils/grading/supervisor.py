@@ -41,7 +41,7 @@ from labutils.grading.notebook import read_notebook, restore_locked_cells
 from labutils.grading.report import describe_outcome
 from labutils.grading.runner import HIDDEN_CHECKS_FILE
 from labutils.runtime import runfiles
-from labutils.runtime.procs import become_subreaper, die_with_parent, make_undumpable
+from labutils.runtime.procs import Claim, become_subreaper, claim, die_with_parent, make_undumpable
 
 SKIP_DIRS = {"runs", "__pycache__", ".ipynb_checkpoints", ".git"}
 # the lab's, never copied into the learner's folder
@@ -84,6 +84,7 @@ class Supervisor:
         self.notes: list[str] = []
         self.limits = job["limits"]
         self.stub = self.private / "hidden"   # what covers a hidden file in the sandbox
+        self._uid_claim: Claim | None = None
         self.user, self.user_why = self._learner_user()
 
     # ------------------------------------------------------------------ files
@@ -207,8 +208,16 @@ class Supervisor:
         if unreachable:
             return None, (f"{unreachable[0]} is not readable by other users, so the learner's "
                           "code runs as root without capabilities")
-        uid = LEARNER_IDS[0] + int(self.job["tag"][:6], 16) % (LEARNER_IDS[1] - LEARNER_IDS[0])
-        return [uid, uid], ""
+        # drawn from the job's tag, and claimed against the other submissions graded on this
+        # machine at the same time: two sharing a user would share its process limit too
+        span = LEARNER_IDS[1] - LEARNER_IDS[0]
+        start = int(self.job["tag"][:6], 16)
+        for k in range(64):
+            uid = LEARNER_IDS[0] + (start + k) % span
+            if (held := claim("uid", uid)) is not None:
+                self._uid_claim = held  # held as long as this supervisor lives
+                return [uid, uid], ""
+        return None, "every learner user id tried is taken by another grading on this machine"
 
     def _hand_over(self) -> None:
         """The working copy and the scratch folder belong to the learner's user."""

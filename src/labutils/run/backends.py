@@ -25,7 +25,7 @@ from labutils.run.attempts import RankState
 from labutils.run.spec import LaunchSpec, torchrun_command
 from labutils.run.warm import Keeper, Start, decide_start
 from labutils.runtime import runfiles
-from labutils.runtime.procs import PortClaim, pid_alive, signal_all, stop_processes, tree
+from labutils.runtime.procs import Claim, pid_alive, signal_all, stop_processes, tree
 
 if TYPE_CHECKING:
     AgentProcess = subprocess.Popen | Keeper  # a cold agent's Popen, or a warm server's keeper
@@ -132,7 +132,7 @@ class LocalAgents(Backend):
 
     shared = False  # every rank is this launcher's to signal (unless multi-node)
 
-    def __init__(self, spec: LaunchSpec, run_dir: Path, token: str, *, port: PortClaim,
+    def __init__(self, spec: LaunchSpec, run_dir: Path, token: str, *, port: Claim,
                  run_id: str) -> None:
         self.spec = spec
         # the rendezvous port, claimed until the run is over (runtime/procs.py says why)

@@ -131,9 +131,14 @@ def die_with_parent(expected_parent: int | None = None) -> None:
         os._exit(137)
 
 
-class PortClaim:
-    """A port drawn by free_port()/claim_port(), claimed against every other labutils
-    process on this machine until release() (or until this object is gone).
+class Claim:
+    """A number (a port, a user id) claimed against every other labutils process on this
+    machine until release(), or until this object is gone.
+
+    The claim is an abstract Unix socket named after the number: the kernel refuses a
+    second bind of the name, frees it when its holder dies, and keeps one such namespace
+    per network namespace, as it keeps one TCP port space; any user may hold one (a
+    grader's submissions run as users of their own).
 
     A port is checked free when it is drawn but bound only later, by a torchrun agent
     that starts in a second or, cold on a loaded machine, in ten. Two launchers that
@@ -141,16 +146,16 @@ class PortClaim:
     rendezvous store: the second agent, finding the port taken, became a client of the
     first run's store (torchrun falls back to that when it guesses is_host), and its
     ranks were all ended with SIGTERM when the first run ended and took its store along
-    (2026-11-30: a segfault ending reported as rank 0's SIGTERM). The claim is an
-    abstract Unix socket named after the port: the kernel refuses a second bind of the
-    name, frees it when its holder dies, and keeps one such namespace per network
-    namespace, as it keeps one TCP port space; any user may hold one (a grader's
-    submissions run as users of their own).
+    (2026-11-30: a segfault ending reported as rank 0's SIGTERM).
     """
 
-    def __init__(self, port: int, sock: socket.socket | None) -> None:
-        self.port = port
+    def __init__(self, value: int, sock: socket.socket | None) -> None:
+        self.value = value
         self._sock = sock
+
+    @property
+    def port(self) -> int:
+        return self.value
 
     def release(self) -> None:
         sock, self._sock = self._sock, None
@@ -160,39 +165,39 @@ class PortClaim:
     def __del__(self) -> None:
         self.release()
 
-    def __enter__(self) -> PortClaim:
+    def __enter__(self) -> Claim:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
-        return f"PortClaim({self.port}{'' if self._sock is not None else ', released'})"
+        return f"Claim({self.value}{'' if self._sock is not None else ', released'})"
 
 
-CLAIM_PREFIX = "labutils-port-"
 # free_port() keeps its claims for the process's life, the oldest let go past this many
 # (its callers want a number: a test's server, a world of one); a run holds its own.
 _KEPT = 32
-_kept: list[PortClaim] = []
+_kept: list[Claim] = []
 
 
-def _claim(port: int) -> PortClaim | None:
-    """The claim on port, or None if another process (or this one) holds it."""
+def claim(kind: str, value: int) -> Claim | None:
+    """The claim on `value` of `kind` ("port", "uid"), or None if another process (or
+    this one) holds it. Where abstract sockets do not exist (not Linux), an unheld claim."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(f"\0{CLAIM_PREFIX}{port}")
+        sock.bind(f"\0labutils-{kind}-{value}")
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             return None
-        return PortClaim(port, None)  # no abstract sockets here (not Linux): unclaimed
-    return PortClaim(port, sock)
+        return Claim(value, None)
+    return Claim(value, sock)
 
 
-def claim_port(host: str = "127.0.0.1") -> PortClaim:
+def claim_port(host: str = "127.0.0.1") -> Claim:
     """A TCP port free on every address here, for a store that binds them all, and
-    claimed (PortClaim) until its holder releases it.
+    claimed (Claim) until its holder releases it.
 
     The rendezvous store listens on the wildcard address, so a port that is free on
     `host` alone is not enough: a listener on another address (gloo's, a kernel's) with
@@ -206,26 +211,26 @@ def claim_port(host: str = "127.0.0.1") -> PortClaim:
     low, _ = _ephemeral_range()
     for _ in range(64 if low > 2048 else 0):
         port = random.randrange(max(1024, low - 12000), low)
-        if _bindable(port, host) and (claim := _claim(port)) is not None:
+        if _bindable(port, host) and (held := claim("port", port)) is not None:
             if _bindable(port, host):  # bound by someone between the check and the claim
-                return claim
-            claim.release()
+                return held
+            held.release()
     for _ in range(16):  # all taken: the OS picks
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-            if (claim := _claim(port)) is not None:
-                return claim
+            if (held := claim("port", port)) is not None:
+                return held
     raise OSError(errno.EADDRINUSE, "no free TCP port could be claimed on this machine")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """claim_port()'s port, its claim kept by this process (the last few dozen)."""
-    claim = claim_port(host)
-    _kept.append(claim)
+    held = claim_port(host)
+    _kept.append(held)
     while len(_kept) > _KEPT:
         _kept.pop(0).release()
-    return claim.port
+    return held.port
 
 
 def _ephemeral_range() -> tuple[int, int]:
