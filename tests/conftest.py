@@ -179,7 +179,7 @@ LONGEST_FIRST = ("tests/grading/test_grading_labs.py", "tests/run/test_endings.p
 # processes, each in a session of its own: the kernel shares the cores between sessions
 # (autogroup) before it shares them between processes, so busy loops started from one
 # shell take one share together and load a run far less than the parallel pass does
-# (lesson 13's straggler held under four such loops in one session and failed under four
+# (lesson 13's straggler held under three such loops in one session and failed under four
 # in sessions of their own, as it once did in the pass; at 512 rows and 7 steps it held
 # under six, 2026-11-30). Lesson 04's hang cell gives its ranks 4 s of silence, as the launcher's hang
 # tests of the parallel pass do; lesson 05's faults are injected at steps, not at times.
