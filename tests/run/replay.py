@@ -121,7 +121,7 @@ def record_store_lost(out: Path, *, nproc: int = 2, store_s: float = 6.0) -> Non
 
     port = claim_port()
     store = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time, datetime; from torch.distributed import TCPStore; "
+        [sys.executable, "-c", "import sys, time; from torch.distributed import TCPStore; "
          "s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, multi_tenant=True, "
          "wait_for_workers=False); print('up', flush=True); time.sleep(float(sys.argv[2]))",
          str(port.port), str(store_s)], stdout=subprocess.PIPE, text=True)

@@ -175,12 +175,6 @@ class Claim:
         return f"Claim({self.value}{'' if self._sock is not None else ', released'})"
 
 
-# free_port() keeps its claims for the process's life, the oldest let go past this many
-# (its callers want a number: a test's server, a world of one); a run holds its own.
-_KEPT = 32
-_kept: list[Claim] = []
-
-
 def claim(kind: str, value: int) -> Claim | None:
     """The claim on `value` of `kind` ("port", "uid"), or None if another process (or
     this one) holds it. Where abstract sockets do not exist (not Linux), an unheld claim."""
@@ -222,6 +216,12 @@ def claim_port(host: str = "127.0.0.1") -> Claim:
             if (held := claim("port", port)) is not None:
                 return held
     raise OSError(errno.EADDRINUSE, "no free TCP port could be claimed on this machine")
+
+
+# free_port() keeps its claims for the process's life, the oldest let go past this many
+# (its callers want a number: a test's server, a world of one); a run holds its own.
+_KEPT = 32
+_kept: list[Claim] = []
 
 
 def free_port(host: str = "127.0.0.1") -> int:
