@@ -108,8 +108,10 @@ def wire_calls_table(summary: dict[str, dict]) -> str:
 
 def wire_claims(summary: dict[str, dict]) -> str:
     """What the text reads in the collectives table (with a measured link): the all-to-all
-    takes longer for its bytes than the reduce-scatter (an all-reduce on gloo), and the
-    all-to-all way, with fewer bytes, steps within a tenth of the default's time."""
+    takes longer for its bytes than the reduce-scatter (an all-reduce on gloo), so the
+    all-to-all way's collectives save less time than the wire time of the bytes it leaves
+    out (rank 0's time inside them, against the default way's; the step times, which add
+    compute and noise of a few tens of ms, are in the time table)."""
     default, a2a = summary["FSDP2"], summary["FSDP2, all-to-all reduce-scatter"]
 
     def slowdown(way: dict, kind: str) -> float:
@@ -119,6 +121,6 @@ def wire_claims(summary: dict[str, dict]) -> str:
     return "\n".join([
         "the all-to-all takes longer for its bytes than the reduce-scatter (inside / wire time): "
         f"{slowdown(a2a, 'all_to_all') > slowdown(default, 'reduce_scatter')}",
-        "the all-to-all way's step is within a tenth of the default's: "
-        f"{abs(a2a['step_s'] / default['step_s'] - 1) <= 0.1}",
+        "the all-to-all way's collectives save less time than the wire time of the bytes it leaves out: "
+        f"{default['inside_s'] - a2a['inside_s'] < default['wire_s'] - a2a['wire_s']}",
     ])
