@@ -55,6 +55,7 @@ parser.add_argument("--skip-checks", action="store_true", help="only the timing 
 args = parser.parse_args()
 
 rank, world_size, device = init()
+torch.set_num_threads(1)  # one core per rank, whatever OMP_NUM_THREADS says: the ranks share the machine's cores
 on_cluster = link_bytes() is not None  # a virtual cluster names this host's link
 CHECK_SIZES = (1, 2, 3, 5, 7, 10, 1001, 4099)  # elements; most are not multiples of 2, 3, 4
 TRAFFIC_SIZE = 1001
