@@ -211,6 +211,38 @@ def test_stragglers_when_every_rank_is_in_a_collective(tmp_path, lines, exited, 
     assert hang.to_json()["lingering"] == {str(r): how for r, how in lingering.items()}
 
 
+def test_ranks_compiling_at_the_same_line_are_no_mismatch(tmp_path):
+    """Two ranks silent in torch.compile's first compilation (a slow machine), each in the
+    module inductor generated in a temporary cache folder of its own: the learner's line
+    is the script's, the same on both, and no word of collectives that do not match."""
+    script = tmp_path / "compile_ddp.py"
+    inductor = "/x/site-packages/torch/_inductor"
+
+    def compiling(cache: str, inner: str) -> str:
+        return ('Thread 0x0000000000000001 (most recent call first):\n'
+                f'  File "{inner}", line 9 in wait\n'
+                f'  File "{inductor}/codecache.py", line 3879 in _worker_compile_cpp\n'
+                f'  File "{cache}/ms/cmsuiykei7xeyapamr.py", line 33 in <module>\n'
+                f'  File "{inductor}/runtime/compile_tasks.py", line 35 in _reload_python_module\n'
+                f'  File "{inductor}/compile_fx.py", line 2782 in compile_fx\n'
+                f'  File "{script}", line 107 in __call__\n'
+                '  File "/x/site-packages/torch/_dynamo/eval_frame.py", line 511 in __call__\n'
+                f'  File "{script}", line 85 in step\n'
+                f'  File "{script}", line 141 in <module>\n')
+
+    dumps = {0: compiling("/tmp/inductor-zk5jqam1", "/x/site-packages/filelock/_api.py"),
+             1: compiling("/tmp/inductor-ry4wgwuc", "/usr/lib/python3.11/subprocess.py")}
+    hang = analyse_hang(dumps, dict.fromkeys(dumps, 1), str(script), silent_s=30)
+    assert hang.waiting[0] == hang.waiting[1] and hang.waiting[0].endswith("compile_ddp.py:107")
+    assert hang.calls == {0: "", 1: ""} and hang.stragglers == []
+    assert hang.explanation.startswith("every rank waits at") and "compile_ddp.py:107" in hang.explanation
+    # at lines of their own, in no collective: computing or waiting on something else
+    apart = {0: dumps[0], 1: dumps[1].replace("line 107 in __call__", "line 108 in __call__")}
+    hang = analyse_hang(apart, dict.fromkeys(apart, 1), str(script), silent_s=30)
+    assert "do not match" not in hang.explanation
+    assert hang.explanation.startswith("no rank is in a collective")
+
+
 def test_ranks_failing_with_their_own_error_are_not_victims():
     same = "Expected to have finished reduction in the prior iteration"
     exceptions = {0: _exc(3.0, "RuntimeError", same, 20), 1: _exc(3.1, "RuntimeError", same, 20),

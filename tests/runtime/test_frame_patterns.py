@@ -84,4 +84,10 @@ def test_the_learners_line_is_the_innermost_of_their_own_files(tmp_path):
     # nothing of the learner's on the stack: the script's own innermost frame, else none
     assert learners_frame([probe.__file__, torch_file, probe.__file__], probe.__file__) == 2
     assert learners_frame([torch_file], harness) is None
+    # torch.compile's generated modules, in a cache folder anywhere, are torch's, and so is
+    # whatever runs inside the compiler: the line is the one that called into it
+    compiler = torch_file.replace("__init__.py", "_inductor/compile_fx.py")
+    generated = str(tmp_path / "inductor-cache" / "ms" / "cmsuiykei7xeyapamr.py")
+    assert learners_frame([harness, mine, torch_file, compiler, generated, torch_file], harness) == 1
+    assert learners_frame([compiler, generated], harness) is None
     assert is_library(probe.__file__) and not is_library(mine)

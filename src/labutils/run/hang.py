@@ -205,6 +205,9 @@ def _stragglers(waiting: dict[int, str], calls: dict[int, str], near: set[int], 
             f"{rank_list(same)} {verb_for(same, 'waits', 'wait')} at {majority}; "
             f"{rank_list(odd)} {verb_for(odd, 'is', 'are')} somewhere else"
         )
+    if not any(calls.get(r) for r in ranks):  # nobody waits for a peer: no mismatch to speak of
+        return [], ("no rank is in a collective: each is at a line of its own, computing or "
+                    "waiting on something other than its peers (a slow step needs a longer hang_timeout)")
     return [], "the ranks wait at different lines: their collectives do not match"
 
 

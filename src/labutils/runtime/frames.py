@@ -60,6 +60,9 @@ def is_bootstrap(path: str) -> bool:
         or path.startswith(_RUNTIME) or path == _CELLS
 
 
+_INDUCTOR = f"{os.sep}torch{os.sep}_inductor{os.sep}"  # torch.compile's code generator
+
+
 def is_library(path: str) -> bool:
     """A frame outside the learner's code: installed packages, the standard library,
     frozen or generated code, labutils itself (its bootstrap, the grader's probe, the
@@ -79,11 +82,17 @@ def learners_frame(files: Sequence[str], script: str | None) -> int | None:
     The innermost, not the script's: a lab's harness (ring_test.py) calls the learner's
     module (ring.py), and the line that raised or waits is in the module; a grader's
     run launches the probe, which runs the learner's script. The script counts where
-    nothing of the learner's is on the stack but it is (a script of labutils' own)."""
-    mine = [i for i, f in enumerate(files) if not is_library(f)]
+    nothing of the learner's is on the stack but it is (a script of labutils' own).
+
+    What torch's compiler runs is torch's, the code it generated included: the modules
+    it writes to its cache folder (TORCHINDUCTOR_CACHE_DIR, a temporary folder of each
+    rank's) are called from torch/_inductor, so no frame inside the compiler's first
+    one is the learner's."""
+    compiler = next((i for i, f in enumerate(files) if _INDUCTOR in f), len(files))
+    mine = [i for i, f in enumerate(files[:compiler]) if not is_library(f)]
     if not mine and script:
         script_abs = os.path.abspath(script)
-        mine = [i for i, f in enumerate(files) if os.path.abspath(f) == script_abs]
+        mine = [i for i, f in enumerate(files[:compiler]) if os.path.abspath(f) == script_abs]
     return mine[-1] if mine else None
 
 
