@@ -21,8 +21,8 @@ from labutils.grading.batch import grade, load_lab
 from labutils.grading.checks import VISIBILITY
 from labutils.grading.release import release, starter_problems
 
-# The module's fixture grades 22 submissions before its first test: about 7 minutes on a quick
-# moment of the host, past 15 on a slow one beside three other workers (2026-12-01).
+# The module's fixture grades 22 submissions before its first test: past 15 minutes on a
+# slow moment of the host, beside three other workers (2026-12-01).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # Every lab, and the checks its untouched starter must fail (lab.json's "starter_fails":
