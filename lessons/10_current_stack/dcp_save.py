@@ -41,7 +41,7 @@ from labutils.dist import init, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--ckpt-dir", default="checkpoints", help="where the checkpoints go")
-parser.add_argument("--rounds", type=int, default=3,  # the first dcp.save of a model takes longer
+parser.add_argument("--rounds", type=int, default=3,  # a median of 3: one slow save does not decide
                     help="timing rounds per way of saving (the tables take the median)")
 args = parser.parse_args()
 
