@@ -191,7 +191,8 @@ LONGEST_FIRST = ("tests/grading/test_grading_labs.py", "tests/run/test_endings.p
 NOTEBOOKS_FOR_THE_PARALLEL_PASS = (
     "04_sampler_pitfalls.ipynb",  # which items each rank sees, a hang at a barrier
     "05_elastic_training.ipynb",  # restarts after kills at steps, equal weights
-    "08_async_data_parallel.ipynb",  # pushes and pulls counted, replays bit for bit
+    "08_async_data_parallel.ipynb",  # pushes and pulls counted, replays bit for bit; times
+    # compared at 20 ms per gradient held under four busy processes in sessions of their own
     "10_current_stack.ipynb",     # placements, bytes per collective, equal weights
     "12_where_memory_goes.ipynb",  # bytes held, FLOPs and ops counted, equal gradients
     "13_where_time_goes.ipynb",  # shares of a step and a straggler's waiting, with margins; a hang of 8 s

@@ -1,7 +1,7 @@
 """Synchronous DDP against an asynchronous parameter server, on the same task and data.
 
     torchrun --nproc-per-node 4 async_vs_sync.py
-    torchrun --nproc-per-node 4 async_vs_sync.py --phases sync@0.1 async@0.1 --slow-ms 80
+    torchrun --nproc-per-node 4 async_vs_sync.py --phases sync@0.1 async@0.1 --slow-ms 160
 
 Rank 0 is the parameter server (idle during the synchronous phases); ranks 1.. are
 workers, and the last rank is the slow one. Each phase starts from the same initial
@@ -19,6 +19,11 @@ The model is tiny, so its real computation takes well under a millisecond; each
 worker pads every gradient to --step-ms (the slow one to --slow-ms) with a sleep, as
 if the model were bigger. Sleeping leaves the cores free, so the timings measure the
 training schemes rather than four processes competing for two cores.
+On a busy machine each message also waits for a core, and the parameter server pays
+that four times per gradient: with three other processes spinning on the two cores of
+the course's machine, the server phase's fast workers took about 14 ms more per
+gradient than their sleep. At 10 ms per gradient that put the server at 0.62-0.66 of
+DDP's time (against about 0.4 idle); at the 20 ms default, 0.43-0.49 (2026-12-01).
 
 Reported per phase: the loss on the whole data set against updates and seconds, per
 worker the gradients computed and the time spent computing, and for the asynchronous
@@ -43,8 +48,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--phases", nargs="+", default=["sync@0.1", "async@0.1", "sync@0.5", "async@0.5", "aware@0.5"],
                     help="MODE@LR with MODE sync, async or aware")
 parser.add_argument("--gradients", type=int, default=300, help="gradients computed per phase, all workers together")
-parser.add_argument("--step-ms", type=float, default=10.0, help="compute time per gradient")
-parser.add_argument("--slow-ms", type=float, default=40.0, help="compute time per gradient of the last rank")
+parser.add_argument("--step-ms", type=float, default=20.0, help="compute time per gradient")
+parser.add_argument("--slow-ms", type=float, default=80.0, help="compute time per gradient of the last rank")
 args = parser.parse_args()
 phases = [spec.split("@") for spec in args.phases]
 for spec, parts in zip(args.phases, phases):  # check them all before any rank starts work

@@ -4,6 +4,7 @@ and the notebook's pure helpers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,28 @@ def test_the_claims_hold_on_runs_that_show_them_and_fail_where_a_run_does_not(le
     claims = lesson08.even_claims(straggler, lead)
     assert "within 0.5 of n - 1 = 2: False" in claims
     assert "smaller than with the straggler, at both learning rates: False" in claims
+
+
+def _logged_phase(lr):
+    """The server's log of a real 4-rank async phase at lr 0.5 (2026-12-01, busy machine)
+    as a one-phase run, replayed at `lr`. Replayed with nobody stale at 0.5, its last
+    update lands at 0.023, the top of the plateau the loss bounces on (0.008 to 0.023)."""
+    log = json.loads((Path(__file__).parents[1] / "data" / "lesson08_async_lr05_log.json").read_text())
+    phase = {"phase": 0, "mode": "async", "lr": lr, "slow_rank": 3, "slow_ms": 80, "step_ms": 20}
+    return _Records([{"kind": "phase", **phase},
+                     {"kind": "curve", "phase": 0, "updates": [0], "t": [0.0], "loss": [1.0], "wall_s": 1.0},
+                     {"kind": "server", "phase": 0, "params_sha": "", **{k: log[k] for k in
+                                                                         ("worker", "seq", "staleness")}}]
+                    + [{"kind": "worker", "phase": 0, "rank": r, "gradients": log["worker"].count(r),
+                        "wall_s": 1.0, "computing_s": 0.9} for r in (1, 2, 3)])
+
+
+def test_replay_claims_read_the_plateau_not_where_the_last_step_lands(lesson08):
+    run = _logged_phase(0.5)
+    fresh = lesson08.replay(run, 0, stale_workers=set())
+    assert fresh["final_loss"] > 0.02 and fresh["reached"] is not None
+    claims = lesson08.replay_claims(run, 0)
+    assert claims.count(": True") == 2, claims
+    # at a learning rate sequential SGD cannot use, the first claim says so
+    diverging = lesson08.replay_claims(_logged_phase(3.0), 0)
+    assert "nobody stale: the loss reaches 0.011 and does not diverge: False" in diverging
