@@ -307,16 +307,16 @@ def replay_table(run, phase: int) -> str:
 
 def replay_claims(run, phase: int) -> str:
     """Section 6's claims about who is to blame, from the replays: with nobody stale the
-    phase's learning rate trains (it reaches the plateau and stays finite; where on the
+    phase's learning rate trains (it reaches the plateau and ends near it: where on the
     plateau the last step lands varies with the order of the batches, 0.008 to 0.023 in
-    18 runs); the fast workers' stale gradients alone diverge."""
+    18 runs, so the bound is 0.05); the fast workers' stale gradients alone diverge."""
     p = phases(run)[phase]
     fast = {r for r in p["workers"] if r != p["slow_rank"]}
     fresh = replay(run, phase, stale_workers=set())
     fast_only = replay(run, phase, stale_workers=fast)["final_loss"]
-    trains = fresh["reached"] is not None and not _blew_up(fresh["final_loss"])
+    trains = fresh["reached"] is not None and fresh["final_loss"] < 0.05
     return "\n".join([
-        f"nobody stale: the loss reaches {TARGET_LOSS:g} and does not diverge: {trains}",
+        f"nobody stale: the loss reaches {TARGET_LOSS:g} and ends below 0.05: {trains}",
         f"only the fast workers stale: diverged: {_blew_up(fast_only)}",
     ])
 
