@@ -32,6 +32,21 @@ TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+)(?:, i
 DUMP_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$', re.M)
 
 
+# The header of each thread's stack in a faulthandler dump: "Thread 0x00007f06...
+# (most recent call first):", and "Current thread 0x..." for the thread that wrote it.
+DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) (?P<ident>0x[0-9a-fA-F]+)", re.M)
+
+
+def dump_thread(text: str, ident: int) -> str | None:
+    """The stack of thread `ident` (threading.get_ident()) in a faulthandler dump of
+    all threads, as the text after its header; None when the dump has no such thread."""
+    heads = list(DUMP_THREAD.finditer(text))
+    for head, following in zip(heads, [*heads[1:], None]):
+        if int(head["ident"], 16) == ident:
+            return text[head.end():following.start() if following else len(text)]
+    return None
+
+
 def traceback_frames(text: str) -> list[Frame]:
     """The frames of the Python tracebacks in text, in the text's order (outermost first)."""
     return [_frame(m) for m in TRACEBACK_FRAME.finditer(text)]

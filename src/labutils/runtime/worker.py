@@ -36,6 +36,7 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -44,7 +45,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from labutils.runtime import debugger, runfiles
-from labutils.runtime.frames import caught_elsewhere, is_bootstrap, learners_frame
+from labutils.runtime.frames import caught_elsewhere, dump_thread, is_bootstrap, learners_frame
 from labutils.runtime.procs import die_with_parent
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -68,12 +69,36 @@ def _redirect_fd(fd: int, path: os.PathLike) -> None:
     os.close(target)
 
 
-def _stack_signature(frame) -> tuple:
-    sig: list[tuple[int, int]] = []
-    while frame is not None and len(sig) < 64:
-        sig.append((id(frame.f_code), frame.f_lineno))
-        frame = frame.f_back
-    return tuple(sig)
+class _MainStack:
+    """Where the main thread is, read from the progress watcher's thread: its stack as
+    faulthandler writes it.
+
+    Not with sys._current_frames() and f_back: walking another thread's frame objects
+    from Python crashed a rank with SIGSEGV in PyFrame_GetBack, its main thread deep in
+    torch.compile's tracing (Python 3.11.7, torch 2.13, 2026-12-01; samplers that walk
+    frames so crash on 3.11 too). faulthandler reads the interpreter's frames in C,
+    makes no frame objects and holds the GIL throughout, so the main thread cannot run
+    while they are read."""
+
+    def __init__(self, main_ident: int) -> None:
+        self.main_ident = main_ident
+        # faulthandler writes to a descriptor: one in memory, else an unnamed file; both
+        # stay open while the watcher looks (close())
+        try:
+            self.file = open(os.memfd_create("labutils-stack", os.MFD_CLOEXEC), "w+b", buffering=0)  # noqa: SIM115
+        except (AttributeError, OSError):
+            self.file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115
+
+    def signature(self) -> str | None:
+        """The main thread's stack now (None once it has ended)."""
+        self.file.seek(0)
+        self.file.truncate()
+        faulthandler.dump_traceback(file=self.file, all_threads=True)
+        self.file.seek(0)
+        return dump_thread(self.file.read().decode("utf-8", "replace"), self.main_ident)
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class _StackRequests:
@@ -116,16 +141,17 @@ def _watch_progress(writer: runfiles.EventWriter, main_ident: int,
         cpu_now = lambda: time.clock_gettime(clock)  # noqa: E731
     except (AttributeError, OSError):
         cpu_now = lambda: 0.0  # noqa: E731 - stack changes alone then signal progress
+    main = _MainStack(main_ident)
     last_sig, last_cpu = None, cpu_now()
     while True:
         time.sleep(PROGRESS_INTERVAL_S)
         if requests is not None:
             requests.check()
-        frame = sys._current_frames().get(main_ident)
-        if frame is None:
+        sig = main.signature()
+        if sig is None:  # the main thread has ended (its CPU clock with it)
+            main.close()
             return
-        sig, cpu = _stack_signature(frame), cpu_now()
-        del frame
+        cpu = cpu_now()
         if sig != last_sig or cpu - last_cpu > _CPU_PROGRESS_SHARE * PROGRESS_INTERVAL_S:
             writer.write({"kind": "progress", "t": time.time()})
         last_sig, last_cpu = sig, cpu
