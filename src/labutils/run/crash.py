@@ -22,12 +22,12 @@ import re
 
 from labutils.run.diagnosis import Failure
 from labutils.run.hang import parse_faulthandler
-from labutils.runtime.frames import Frame, is_library, script_depth
+from labutils.runtime.frames import DUMP_THREAD, Frame, is_library, script_depth
 from labutils.runtime.runfiles import short_path
 
 _THROWN_RE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT_RE = re.compile(r"^\s*what\(\):\s*(.+)$", re.MULTILINE)
-_THREAD_START_RE = re.compile(r"^(?=(?:Current thread|Thread) 0x)", re.MULTILINE)
+_THREAD_START_RE = re.compile(f"(?={DUMP_THREAD.pattern})", re.MULTILINE)  # split before each header
 _THREAD_EXC_RE = re.compile(r"^Exception in thread (.+):\n((?:[ \t].*\n|Traceback.*\n)*)(\S.*)$",
                             re.MULTILINE)
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import linecache
 import os
-import re
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from labutils.runtime.frames import Frame, dump_frames, learners_frame, script_depth
+from labutils.runtime.frames import DUMP_THREAD, Frame, dump_frames, learners_frame, script_depth
 from labutils.runtime.runfiles import is_cell_path, relative_path, short_path
 
 # The module whose outermost frame is the torch.distributed call a script made.
@@ -40,8 +39,6 @@ def where_text(path: str | None) -> str:
     return os.path.basename(path) if is_cell_path(path) else relative_path(path)
 
 
-_THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
-
 def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
     """The main thread's frames (innermost first) from a faulthandler dump.
 
@@ -51,9 +48,9 @@ def parse_faulthandler(text: str, main_tid: int | None) -> list[Frame]:
     order: list[int] = []
     current: list[Frame] | None = None
     for line in text.splitlines():
-        m = _THREAD_RE.match(line)
+        m = DUMP_THREAD.match(line)
         if m:
-            tid = int(m.group(2), 16)
+            tid = int(m["ident"], 16)
             current = threads.setdefault(tid, [])
             if tid in order:  # a later dump of the same thread: keep only the newest
                 current.clear()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
 from labutils.runtime import runfiles
-from labutils.runtime.frames import DUMP_FRAME, script_depth
+from labutils.runtime.frames import DUMP_FRAME, DUMP_THREAD, script_depth
 
 READ_CHUNK = 4 << 20  # bytes read per file per poll; a flood is drained over several polls
 # A line longer than this is shown cut (the log file keeps it whole): a 50 MB line once
@@ -94,9 +93,6 @@ def decode(line: bytes) -> str:
     return text
 
 
-_DUMP_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
-
-
 class FatalDumpCut:
     """A fatal signal's faulthandler dump (a segfault, an abort) as a learner reads it:
     each thread's stack cut at the worker bootstrap like every other stack
@@ -116,7 +112,7 @@ class FatalDumpCut:
             if line.startswith("Fatal Python error"):
                 out += self._flush()
                 self.in_dump = True
-            elif self.in_dump and _DUMP_THREAD_RE.match(line):
+            elif self.in_dump and DUMP_THREAD.match(line):
                 out += self._flush()
                 self.block = [line]
                 continue
