@@ -155,6 +155,50 @@ def test_links_are_capped_and_measured(namespaces_allowed):
     assert _gone(tag) == {}
 
 
+# The congestion control of one end of a TCP connection: the server side (argv: "serve",
+# address) prints its port, accepts one connection and prints it; the client side
+# (argv: "connect", address, port) connects and prints its own.
+_CC_PROBE = """
+import socket, sys
+def cc(s):
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode()
+if sys.argv[1] == "serve":
+    server = socket.create_server((sys.argv[2], 0))
+    print(server.getsockname()[1], flush=True)
+    accepted, _ = server.accept()
+    print(cc(accepted), flush=True)
+else:
+    client = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=20)
+    print(cc(client), flush=True)
+"""
+
+
+def _congestion_controls(server_cmd: list[str], client_cmd: list[str], address: str) -> list[str]:
+    """[client's, server's] congestion control for a connection to address."""
+    server = subprocess.Popen([*server_cmd, sys.executable, "-c", _CC_PROBE, "serve", address],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()
+        client = subprocess.run([*client_cmd, sys.executable, "-c", _CC_PROBE, "connect", address, port],
+                                capture_output=True, text=True, timeout=30)
+        return [client.stdout.strip(), server.communicate(timeout=30)[0].strip()]
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_tcp_between_hosts_uses_cubic_whatever_the_machine_default(namespaces_allowed):
+    """BBR's probe of the round trip every 10 s stalls a connection for 200 ms, which
+    made about one all_reduce in four slow on a capped link: the hosts' routes set cubic."""
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    with virtual_cluster(3) as c:
+        for server, client in ((2, 0), (0, 1), (1, 2)):
+            assert _congestion_controls(c.command(server, []), c.command(client, []),
+                                        c.addresses[server]) == ["cubic", "cubic"], (server, client, default)
+    # the machine's own connections keep its default
+    assert _congestion_controls([], [], "127.0.0.1") == [default, default]
+
+
 @pytest.mark.slow
 def test_a_job_across_three_hosts_waits_on_the_wire(namespaces_allowed, job, tmp_path):
     """An all_reduce over capped links cannot beat them: the ring sends 2(n-1)/n of the
