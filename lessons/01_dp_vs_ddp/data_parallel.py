@@ -197,14 +197,15 @@ def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[floa
 
 def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
                      steps: int) -> tuple[float, list[float]]:
-    """Each model on its own thread, all at once, ``steps`` forward + backward passes:
-    the median seconds of one pass on the slowest thread, and every thread's share of
-    each pass on a core."""
+    """Each model on its own thread, all at once, ``steps`` forward passes (with the
+    loss): the median seconds of one pass on the slowest thread, and every thread's share
+    of each pass on a core. The backward is left out: autograd's engine runs it in C++
+    without the GIL, so it would only dilute the GIL's share by a machine-dependent amount."""
     medians, on_core = [0.0] * len(models), [[] for _ in models]
 
     def work(i: int) -> None:
         seconds, on_core[i] = steps_on_core(
-            lambda x, y: nn.functional.cross_entropy(models[i](x), y).backward(), [(x, y)] * steps)
+            lambda x, y: nn.functional.cross_entropy(models[i](x), y), [(x, y)] * steps)
         medians[i] = statistics.median(seconds)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
@@ -217,7 +218,7 @@ def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
 
 def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
-    each): seconds per forward + backward, how much slower running together is, and
+    each): seconds per forward pass, how much slower running together is, and
     the share of a pass the threads running together spent on a core.
 
     ``rounds`` rounds of (alone, together). The times are each one's fastest round, the

@@ -16,7 +16,7 @@ the notebook shows arrives through report(). The parts:
    reports the gradients of the first step and the parameters after the last, so
    the notebook can compare them with one process training on the whole batch;
 4. measurements with one core per rank; a and b with --timing-steps steps:
-   a. processes at once: the forward + backward of a plain model on rank 0 alone
+   a. processes at once: the forward pass (with the loss) of a plain model on rank 0 alone
       (the other ranks wait), then on every rank at the same time, for the two
       models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS); 3 rounds of both, the
       fastest round of each kept; with the share of the time the ranks were on a
@@ -200,8 +200,8 @@ if args.timing_steps > 0:
         plain = make_model(**config).to(device)
         batches = my_batches(config, per_rank, args.timing_steps)
 
-        def forward_backward(x, y) -> None:
-            loss_fn(plain(x), y).backward()
+        def forward(x, y) -> None:  # the backward runs in C++ without the GIL: left out, as for the threads
+            loss_fn(plain(x), y)
 
         # 3 rounds. The times are each one's fastest round (on the slowest rank), the least
         # disturbed by other work; the share on a core is the median over every step of
@@ -210,9 +210,9 @@ if args.timing_steps > 0:
         for _ in range(3):
             dist.barrier()
             if rank == 0:                                 # rank 0 alone: the others wait
-                alone.append(median_step(forward_backward, batches))
+                alone.append(median_step(forward, batches))
             dist.barrier()
-            together.append(slowest_rank(median_step(forward_backward, batches, on_core)))  # all at once
+            together.append(slowest_rank(median_step(forward, batches, on_core)))  # all at once
         on_core = mean_over_ranks(statistics.median(on_core))
         if rank == 0:
             report(part="processes at once", model=name, alone_s=min(alone), together_s=min(together),

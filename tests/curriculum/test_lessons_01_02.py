@@ -92,6 +92,17 @@ def test_thread_slowdown_reports_alone_and_together(lesson_modules):
     assert torch.get_num_threads() > 0  # restored
 
 
+def test_replicas_at_once_time_the_forward_only(lesson_modules):
+    """The GIL shows in the forward's Python work; a backward (C++, no GIL) would dilute
+    the threads' time off a core by as much as the machine's autograd engine takes."""
+    model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
+    models = [model_mod.make_model(**model_mod.PROOF) for _ in range(2)]
+    x, y = model_mod.make_batch(0, 8, **model_mod.PROOF)
+    seconds, shares = dp_mod.replicas_at_once(models, x, y, 3)
+    assert seconds > 0 and len(shares) == 6
+    assert all(p.grad is None for m in models for p in m.parameters())
+
+
 def test_steps_on_core_reads_each_steps_share_so_a_burst_moves_few_steps(lesson_modules, monkeypatch):
     """Each step's CPU time over its wall time, on a clock the steps move: a step that
     waits half its time is half on its core, and the median step stays on its core when
