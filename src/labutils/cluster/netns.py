@@ -11,6 +11,7 @@ Layout of a cluster of N hosts (names carry the owner's pid, see clean_stale()):
 
 Each host reaches the cluster's subnet through a route of its own, which also sets the
 TCP congestion control of every connection between hosts (TCP_CONGESTION).
+
 Deleting the switch namespace deletes every cable (a veth pair dies with either end),
 so nothing is left in the caller's namespace; the host namespaces are deleted too.
 Everything here needs root (CAP_NET_ADMIN) and the ip and tc commands of iproute2;
