@@ -14,9 +14,10 @@ the gradients of the micro-batches add up in .grad. The loss of a micro-batch is
 divided by the number of micro-batches, so the step's gradients equal the whole
 batch's.
 
-For each micro-batch count in --micro (the global batch stays --batch rows), after one
-warm-up step, --repeats steps are timed: each rank records when it computed what
-(forward and backward of each micro-batch), between two barriers. Reported per step:
+For each micro-batch count in --micro (the global batch stays --batch rows) one warm-up
+step, then --repeats rounds of timed steps, one step of every count per round: each rank
+records when it computed what (forward and backward of each micro-batch), between two
+barriers. Reported per step:
 the spans, the step's length, the busy time, and once per micro-batch count whether
 this stage's gradients equal the unsplit stack's on the whole batch (assert_close).
 """
@@ -40,7 +41,7 @@ parser.add_argument("--micro", default="1,2,4,8", help="micro-batch counts, comm
 parser.add_argument("--batch", type=int, default=512, help="rows of the global batch")
 parser.add_argument("--width", type=int, default=1024)
 parser.add_argument("--layers", type=int, default=8, help="Linear+ReLU layers in all (split evenly)")
-parser.add_argument("--repeats", type=int, default=3, help="timed steps per micro-batch count")
+parser.add_argument("--repeats", type=int, default=5, help="timed steps per micro-batch count")
 args = parser.parse_args()
 
 rank, world_size, device = init()
@@ -98,7 +99,8 @@ def gpipe_step(micro: int) -> tuple[list[dict], float]:
     return spans, time.perf_counter() - t0
 
 
-for micro in (int(m) for m in args.micro.split(",")):
+micros = [int(m) for m in args.micro.split(",")]
+for micro in micros:
     gpipe_step(micro)  # warm-up (and the gradients to check)
     try:
         for got, want in zip((p.grad for p in stage.parameters()), reference):
@@ -108,7 +110,10 @@ for micro in (int(m) for m in args.micro.split(",")):
         verdict = "DIFFERENT"
     report(part="check", micro=micro, stages=world_size, verdict=verdict,
            max_abs_diff=max((p.grad - r).abs().max().item() for p, r in zip(stage.parameters(), reference)))
-    for repeat in range(args.repeats):
+# Timed rounds, one step of every micro-batch count per round: a busy moment of the
+# machine then slows a step of each count, not several steps of one.
+for repeat in range(args.repeats):
+    for micro in micros:
         spans, step_s = gpipe_step(micro)
         busy = sum(s["end"] - s["start"] for s in spans)
         report(part="step", micro=micro, stages=world_size, repeat=repeat, step_s=step_s, busy_s=busy,
