@@ -181,66 +181,105 @@ class ThreadDataParallel:
                 for what in TRAFFIC}
 
 
-def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[float]]:
-    """step(x, y) for every batch: each step's seconds, and the share of each step this
-    thread spent on a core (its CPU time over the step's wall time). A thread that
-    waits, for the GIL or for a core that other work holds, is off its core."""
-    seconds, on_core = [], []
+def waited_for_a_core() -> float | None:
+    """Seconds this thread has spent so far ready to run but waiting for a core, as
+    Linux's scheduler counts them (the second field of /proc/thread-self/schedstat, up
+    to date whenever the thread itself reads it: each wait is added when the thread gets
+    a core); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[dict[str, float]]]:
+    """step(x, y) for every batch: each step's seconds, and how the calling thread spent
+    the step, as shares of its wall time: "on_core" (its CPU time), "ready" (waiting for
+    a core that other work held) and "asleep" (the rest: not wanting a core, as a thread
+    waiting for the GIL). Where the kernel does not count the waits for a core, "ready"
+    is 0 and they count as asleep."""
+    seconds, shares = [], []
     for x, y in batches:
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, cpu, ready = time.perf_counter(), time.thread_time(), waited_for_a_core()
         step(x, y)
-        cpu = time.thread_time() - cpu  # read inside the wall-clock interval
+        ready_after = waited_for_a_core()  # both clocks read inside the wall-clock interval
+        cpu = time.thread_time() - cpu
         seconds.append(time.perf_counter() - wall)
-        on_core.append(cpu / seconds[-1])
-    return seconds, on_core
+        waited = ready_after - ready if ready is not None and ready_after is not None else 0.0
+        on_core, ready_share = cpu / seconds[-1], waited / seconds[-1]
+        shares.append({"on_core": on_core, "ready": ready_share,
+                       "asleep": max(0.0, 1.0 - on_core - ready_share)})
+    return seconds, shares
+
+
+def time_shares(steps: list[float], shares: list[dict[str, float]]) -> dict[str, float]:
+    """The shares of many steps together, each step weighed by its seconds: the three
+    add up to the whole time of all the steps."""
+    total = sum(steps)
+    return {key: sum(s * share[key] for s, share in zip(steps, shares)) / total
+            for key in ("on_core", "ready", "asleep")}
+
+
+# Passes per round, for thread_slowdown and for ddp_train.py's part 4a, in multiples of
+# the lesson's STEPS: a pass of MANY_SMALL_OPS takes about a quarter of one of FEW_BIG_OPS,
+# and 4x the passes make its rounds as long (about 150 ms on a quiet core). On a busy
+# machine a process, too, now and then sleeps for a few tens of milliseconds; in rounds of
+# 30 passes of MANY_SMALL_OPS (40 ms) one such stall made processes look asleep for 28% of
+# their time, as long as the threads that wait for the GIL.
+ROUND_PASSES = {"MANY_SMALL_OPS": 4, "FEW_BIG_OPS": 1}
 
 
 def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
-                     steps: int) -> tuple[float, list[float]]:
+                     steps: int) -> tuple[float, list[float], list[dict[str, float]]]:
     """Each model on its own thread, all at once, ``steps`` forward passes (with the
-    loss): the median seconds of one pass on the slowest thread, and every thread's share
-    of each pass on a core. The backward is left out: autograd's engine runs it in C++
-    without the GIL, so it would only dilute the GIL's share by a machine-dependent amount."""
-    medians, on_core = [0.0] * len(models), [[] for _ in models]
+    loss): the median seconds of one pass on the slowest thread, and every thread's
+    passes: their seconds and how each was spent (steps_on_core). The backward is left
+    out: autograd's engine runs it in C++ without the GIL, so it would only dilute the
+    GIL's share by a machine-dependent amount."""
+    medians = [0.0] * len(models)
+    seconds: list[list[float]] = [[] for _ in models]
+    shares: list[list[dict[str, float]]] = [[] for _ in models]
 
     def work(i: int) -> None:
-        seconds, on_core[i] = steps_on_core(
+        seconds[i], shares[i] = steps_on_core(
             lambda x, y: nn.functional.cross_entropy(models[i](x), y), [(x, y)] * steps)
-        medians[i] = statistics.median(seconds)
+        medians[i] = statistics.median(seconds[i])
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return max(medians), [share for shares in on_core for share in shares]
+    return max(medians), [s for each in seconds for s in each], [s for each in shares for s in each]
 
 
 def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
-    each): seconds per forward pass, how much slower running together is, and
-    the share of a pass the threads running together spent on a core.
+    each): seconds per forward pass, how much slower running together is, and how the
+    threads running together spent their passes: on a core, waiting for one, asleep.
 
-    ``rounds`` rounds of (alone, together). The times are each one's fastest round, the
-    one least disturbed by anything else the machine was doing; the share on a core is
-    the median over every pass of every round, the typical pass: a burst of other work
-    on the machine takes a core from a few passes, the GIL from every one."""
+    ``rounds`` rounds of (alone, together), ``steps`` passes each. The times are each
+    one's fastest round, the one least disturbed by anything else the machine was doing;
+    the shares are those of every pass of every round together (time_shares): other
+    work on the machine shows as waiting for a core, the GIL as sleep."""
     models = [make_model(**config) for _ in range(n)]
     x, y = make_batch(0, batch, **config)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
-    alone, together, on_core = [], [], []
+    alone, together, passes, shares = [], [], [], []
     try:
         replicas_at_once(models, x, y, 2)  # warm-up
         for _ in range(rounds):
             alone.append(replicas_at_once(models[:1], x, y, steps)[0])
-            seconds, shares = replicas_at_once(models, x, y, steps)
-            together.append(seconds)
-            on_core += shares
+            median, seconds, how = replicas_at_once(models, x, y, steps)
+            together.append(median)
+            passes += seconds
+            shares += how
     finally:
         torch.set_num_threads(threads_before)
     return {"alone_s": min(alone), "together_s": min(together), "slowdown": min(together) / min(alone),
-            "on_core": statistics.median(on_core)}
+            **time_shares(passes, shares)}
 
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,

@@ -18,9 +18,10 @@ the notebook shows arrives through report(). The parts:
 4. measurements with one core per rank; a and b with --timing-steps steps:
    a. processes at once: the forward pass (with the loss) of a plain model on rank 0 alone
       (the other ranks wait), then on every rank at the same time, for the two
-      models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS); 3 rounds of both, the
-      fastest round of each kept; with the share of the time the ranks were on a
-      core while they all ran;
+      models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS); 3 rounds of both (of 4x
+      --timing-steps passes for MANY_SMALL_OPS: data_parallel.ROUND_PASSES), the
+      fastest round of each kept; with how the ranks spent their time while they all
+      ran: on a core, waiting for a core, asleep;
    b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
       with and without gradient synchronisation, and the same global batch in one
       process (rank 0, the others waiting) as the baseline: one step of each in
@@ -48,7 +49,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from data_parallel import global_batches, one_process  # noqa: E402
+from data_parallel import ROUND_PASSES, global_batches, one_process, steps_on_core, time_shares  # noqa: E402
 from model import (  # noqa: E402
     FEW_BIG_OPS, MANY_SMALL_OPS, PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer,
     param_bytes, shard,
@@ -140,23 +141,24 @@ def moved(before: dict | None, after: dict | None, steps: int = 1) -> dict:
     return {k: (after[k] - before[k]) / steps for k in ("received", "sent")}
 
 
-def median_step(step_fn, batches, on_core: list[float] | None = None) -> float:
+def median_step(step_fn, batches, passes: tuple[list, list] | None = None) -> float:
     """The median seconds of one step over batches[2:] (two warm-up steps first); with
-    ``on_core``, each of those steps' share on a core is appended to it (the thread's
-    CPU time over the step's wall time: what other work on the machine takes from it)."""
+    ``passes`` (a list of seconds, a list of shares), each of those steps' seconds and how
+    this rank's thread spent it (on a core, waiting for one, asleep: steps_on_core) are
+    added to them."""
     for x, y in batches[:2]:
         step_fn(x, y)
-    times = []
-    for x, y in batches[2:]:
-        t0, cpu = time.perf_counter(), time.thread_time()
+
+    def step(x, y) -> None:
         step_fn(x, y)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        cpu = time.thread_time() - cpu  # read inside the wall-clock interval
-        times.append(time.perf_counter() - t0)
-        if on_core is not None:
-            on_core.append(cpu / times[-1])
-    return statistics.median(times)
+
+    seconds, shares = steps_on_core(step, batches[2:])
+    if passes is not None:
+        passes[0].extend(seconds)
+        passes[1].extend(shares)
+    return statistics.median(seconds)
 
 
 def timed(step_fn, x, y) -> float:
@@ -198,25 +200,26 @@ if args.timing_steps > 0:
     for name, config, per_rank in (("MANY_SMALL_OPS", MANY_SMALL_OPS, args.small_batch),
                                    ("FEW_BIG_OPS", FEW_BIG_OPS, args.batch)):
         plain = make_model(**config).to(device)
-        batches = my_batches(config, per_rank, args.timing_steps)
+        batches = my_batches(config, per_rank, args.timing_steps * ROUND_PASSES[name])
 
         def forward(x, y) -> None:  # the backward runs in C++ without the GIL: left out, as for the threads
             loss_fn(plain(x), y)
 
-        # 3 rounds. The times are each one's fastest round (on the slowest rank), the least
-        # disturbed by other work; the share on a core is the median over every step of
-        # every round (the mean over ranks), as for the threads in the notebook.
-        alone, together, on_core = [], [], []
+        # 3 rounds, as long for both models (ROUND_PASSES). The times are each one's fastest
+        # round (on the slowest rank), the least disturbed by other work; the shares (on a
+        # core, waiting for one, asleep) are those of every step of every round together
+        # (the mean over ranks), as for the threads in the notebook.
+        alone, together, passes = [], [], ([], [])
         for _ in range(3):
             dist.barrier()
             if rank == 0:                                 # rank 0 alone: the others wait
                 alone.append(median_step(forward, batches))
             dist.barrier()
-            together.append(slowest_rank(median_step(forward, batches, on_core)))  # all at once
-        on_core = mean_over_ranks(statistics.median(on_core))
+            together.append(slowest_rank(median_step(forward, batches, passes)))  # all at once
+        shares = {key: mean_over_ranks(value) for key, value in time_shares(*passes).items()}
         if rank == 0:
             report(part="processes at once", model=name, alone_s=min(alone), together_s=min(together),
-                   on_core=on_core)
+                   **shares)
 
     # b. a DDP training step on the model of many small operations
     small = wrap(make_model(**MANY_SMALL_OPS))

@@ -118,8 +118,8 @@ MiB = 2 ** 20
 
 
 def replicas_at_once_runs(threads: dict[str, dict], records: list[dict]) -> dict[tuple[str, str], dict]:
-    """{(model, "threads" | "processes"): {"alone_s", "together_s", "on_core"}}: threads
-    measured in this process, processes by ddp_train.py (part 4a)."""
+    """{(model, "threads" | "processes"): {"alone_s", "together_s", "on_core", "ready",
+    "asleep"}}: threads measured in this process, processes by ddp_train.py (part 4a)."""
     processes = {r["model"]: r for r in part(records, "processes at once")}
     return {(name, how): run for name in threads
             for how, run in (("threads", threads[name]), ("processes", processes[name]))}
@@ -130,24 +130,30 @@ def slowdowns(threads: dict[str, dict], records: list[dict]) -> dict[tuple[str, 
     return {key: run["together_s"] / run["alone_s"] for key, run in replicas_at_once_runs(threads, records).items()}
 
 
+SHARES = (("on_core", "on a core"), ("ready", "waiting for a core"), ("asleep", "asleep"))
+
+
 def slowdown_table(threads: dict[str, dict], records: list[dict]) -> str:
     """Replicas run alone, then N at once: on threads (this process), on processes (the
-    DDP run); and, while all ran at once, the share of the time they were on a core."""
+    DDP run); and how the replicas running at once spent their time."""
     rows = [[name, how, f"{run['alone_s'] * 1e3:.2f}", f"{run['together_s'] * 1e3:.2f}",
-             f"{run['together_s'] / run['alone_s']:.2f}x", f"{run['on_core']:.0%}"]
+             f"{run['together_s'] / run['alone_s']:.2f}x", *(f"{run[key]:.0%}" for key, _ in SHARES)]
             for (name, how), run in replicas_at_once_runs(threads, records).items()]
     return text_table(["model", "replicas on", "one alone (ms)", "all at once (ms)", "slowdown",
-                       "on a core, all at once"], rows, right=[2, 3, 4, 5])
+                       *(label for _, label in SHARES)], rows, right=[2, 3, 4, 5, 6, 7])
 
 
 def gil_check(threads: dict[str, dict], records: list[dict], *, model: str = "MANY_SMALL_OPS") -> str:
-    """The GIL's mark, apart from the machine's: running at once, threads wait off
-    their cores (for the GIL) for a share of the time several times the processes'
-    share, which is only what other work on the machine takes from them."""
+    """The GIL's mark, apart from the machine's: running at once, threads sleep (waiting
+    for the GIL) for a share of their time at least twice the processes' share.
+    Other work on the machine makes replicas wait for a core, which the kernel counts
+    apart; a busy machine makes processes sleep a little too (lesson text, 4.1), about a
+    third of what the threads sleep at the most seen (27% against 9%, beside two busy
+    processes on two cores)."""
     runs = replicas_at_once_runs(threads, records)
-    off = {how: 1 - runs[model, how]["on_core"] for how in ("threads", "processes")}
-    ok = off["threads"] >= 0.05 and off["threads"] >= 3 * max(off["processes"], 0.0)
-    return (f"{model}: threads spend at least 5% of their time off a core, and at least 3x the "
+    asleep = {how: runs[model, how]["asleep"] for how in ("threads", "processes")}
+    ok = asleep["threads"] >= 0.05 and asleep["threads"] >= 2 * max(asleep["processes"], 0.0)
+    return (f"{model}: threads spend at least 5% of their time asleep, and at least twice the "
             f"share processes do: {ok}")
 
 
@@ -283,7 +289,7 @@ def memory_text(dp: dict) -> str:
 
 def plot_lesson(threads: dict[str, dict], records: list[dict], steps: list[dict], by_n: dict[int, dict],
                 wire_records: list[dict]):
-    """Left: share of the time on a core of replicas run at once, threads vs processes.
+    """Left: how replicas run at once spend their time, threads vs processes.
     Middle: the MANY_SMALL_OPS step three ways. Right: bytes per step through device 0
     vs a DDP rank."""
     import matplotlib.pyplot as plt
@@ -292,17 +298,22 @@ def plot_lesson(threads: dict[str, dict], records: list[dict], steps: list[dict]
     runs = replicas_at_once_runs(threads, records)
     names = list(threads)
     width = 0.38
-    for k, (how, color) in enumerate((("threads", "#d62728"), ("processes", "#1f77b4"))):
-        shares = [runs[m, how]["on_core"] * 100 for m in names]
-        bars = ax_gil.bar([i + (k - 0.5) * width for i in range(len(names))], shares, width,
-                          label=f"replicas on {how}", color=color)
-        ax_gil.bar_label(bars, fmt="%.0f%%")
-    ax_gil.axhline(100, color="gray", lw=0.8)
+    colors = {"on_core": "#2ca02c", "ready": "#ff7f0e", "asleep": "#d62728"}
+    for k, how in enumerate(("threads", "processes")):
+        xs = [i + (k - 0.5) * width for i in range(len(names))]
+        bottom = [0.0] * len(names)
+        for key, label in SHARES:
+            shares = [runs[m, how][key] * 100 for m in names]
+            ax_gil.bar(xs, shares, width * 0.95, bottom=bottom, color=colors[key],
+                       label=label if k == 0 else None)
+            bottom = [b + v for b, v in zip(bottom, shares)]
+        for x in xs:
+            ax_gil.annotate(how, (x, 101), ha="center", va="bottom", fontsize=8)
     ax_gil.set_ylim(0, 125)
     ax_gil.set_xticks(range(len(names)), names)
-    ax_gil.set_ylabel("% of the time on a core (median pass)")
-    ax_gil.set_title("replicas running at the same time: on a core")
-    ax_gil.legend(fontsize=8, loc="upper right", ncols=2)
+    ax_gil.set_ylabel("% of the time, replicas all at once")
+    ax_gil.set_title("replicas running at the same time: where the time goes")
+    ax_gil.legend(fontsize=8, loc="upper right", ncols=3)
 
     labels = ["one process", "DataParallel\n(threads)", "DDP\n(processes)"]
     bars = ax_step.bar(labels, [r["step_s"] * 1e3 for r in steps], color=["#7f7f7f", "#d62728", "#1f77b4"])

@@ -7,7 +7,6 @@ the exercise solutions, a DataParallel step on an uneven batch).
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import pytest
@@ -89,6 +88,8 @@ def test_thread_slowdown_reports_alone_and_together(lesson_modules):
     assert run["alone_s"] > 0 and run["together_s"] > 0
     assert run["slowdown"] == pytest.approx(run["together_s"] / run["alone_s"])
     assert 0 < run["on_core"] <= 1.05  # CPU time over wall time, per thread
+    assert run["ready"] >= 0 and run["asleep"] >= 0
+    assert run["on_core"] + run["ready"] + run["asleep"] == pytest.approx(1, abs=0.06)
     assert torch.get_num_threads() > 0  # restored
 
 
@@ -98,18 +99,17 @@ def test_replicas_at_once_time_the_forward_only(lesson_modules):
     model_mod, dp_mod = lesson_modules(LESSON01, "model", "data_parallel")
     models = [model_mod.make_model(**model_mod.PROOF) for _ in range(2)]
     x, y = model_mod.make_batch(0, 8, **model_mod.PROOF)
-    seconds, shares = dp_mod.replicas_at_once(models, x, y, 3)
-    assert seconds > 0 and len(shares) == 6
+    median, seconds, shares = dp_mod.replicas_at_once(models, x, y, 3)
+    assert median > 0 and len(seconds) == len(shares) == 6 and all(0 < s["on_core"] <= 1.05 for s in shares)
     assert all(p.grad is None for m in models for p in m.parameters())
 
 
-def test_steps_on_core_reads_each_steps_share_so_a_burst_moves_few_steps(lesson_modules, monkeypatch):
-    """Each step's CPU time over its wall time, on a clock the steps move: a step that
-    waits half its time is half on its core, and the median step stays on its core when
-    one step in five waits (what a burst of other work does to the processes; the GIL
-    takes from every step of the threads)."""
+def test_steps_on_core_splits_each_step_into_on_a_core_waiting_and_asleep(lesson_modules, monkeypatch):
+    """Each step's CPU time and its wait for a core, over its wall time, on clocks the
+    steps move: the rest is sleep (the GIL's mark). Both clocks are read inside the
+    wall-clock interval, so no share passes 1."""
     (dp_mod,) = lesson_modules(LESSON01, "data_parallel")
-    clock = {"wall": 100.0, "cpu": 7.0}
+    clock = {"wall": 100.0, "cpu": 7.0, "ready": 3.0}
     reads = []
 
     class Clock:  # stands in for the time module inside data_parallel
@@ -123,17 +123,42 @@ def test_steps_on_core_reads_each_steps_share_so_a_burst_moves_few_steps(lesson_
             reads.append("cpu")
             return clock["cpu"]
 
-    def step(on_core_ms, _):
+    def waited():
+        reads.append("ready")
+        return clock["ready"]
+
+    def step(ms, _):
+        on_core_ms, ready_ms = ms
         clock["wall"] += 0.010
         clock["cpu"] += on_core_ms / 1000
+        clock["ready"] += ready_ms / 1000
 
     monkeypatch.setattr(dp_mod, "time", Clock)
-    seconds, shares = dp_mod.steps_on_core(step, [(5, None)] * 3)
-    assert seconds == pytest.approx([0.010] * 3) and shares == pytest.approx([0.5] * 3)
-    # the CPU clock is read inside the wall-clock interval, so a share cannot pass 1
-    assert reads[:4] == ["wall", "cpu", "cpu", "wall"]
-    _, shares = dp_mod.steps_on_core(step, [(10, None), (10, None), (4, None), (10, None), (10, None)])
-    assert shares == pytest.approx([1, 1, 0.4, 1, 1]) and statistics.median(shares) == pytest.approx(1)
+    monkeypatch.setattr(dp_mod, "waited_for_a_core", waited)
+    seconds, shares = dp_mod.steps_on_core(step, [((5, 0), None), ((5, 3), None), ((10, 0), None)])
+    assert seconds == pytest.approx([0.010] * 3)
+    assert [s["on_core"] for s in shares] == pytest.approx([0.5, 0.5, 1.0])
+    assert [s["ready"] for s in shares] == pytest.approx([0.0, 0.3, 0.0])
+    assert [s["asleep"] for s in shares] == pytest.approx([0.5, 0.2, 0.0])
+    assert reads[:6] == ["wall", "cpu", "ready", "ready", "cpu", "wall"]
+    # steps weigh by their seconds: a long step that waited for a core moves the whole
+    assert dp_mod.time_shares([0.010, 0.030], [shares[0], {"on_core": 0.5, "ready": 0.5, "asleep": 0.0}]) \
+        == pytest.approx({"on_core": 0.5, "ready": 0.375, "asleep": 0.125})
+
+    # where the kernel does not count waits for a core, they count as sleep
+    monkeypatch.setattr(dp_mod, "waited_for_a_core", lambda: None)
+    _, shares = dp_mod.steps_on_core(step, [((5, 3), None)])
+    assert shares == [pytest.approx({"on_core": 0.5, "ready": 0.0, "asleep": 0.5})]
+
+
+def test_waited_for_a_core_reads_this_threads_schedstat(lesson_modules):
+    """Linux counts a thread's time waiting for a core; a busy thread's count only grows."""
+    (dp_mod,) = lesson_modules(LESSON01, "data_parallel")
+    first = dp_mod.waited_for_a_core()
+    if first is None:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat")
+    sum(range(200_000))
+    assert dp_mod.waited_for_a_core() >= first >= 0
 
 
 def test_time_in_turn_alternates_steps_and_keeps_each_ways_fastest(lesson_modules):
@@ -273,6 +298,7 @@ def test_ddp_train_measures_processes_and_a_ddp_step(lesson_modules, runs_dir):
     runs = {r["model"]: r for r in lesson01.part(result.records, "processes at once")}
     assert sorted(runs) == ["FEW_BIG_OPS", "MANY_SMALL_OPS"]
     assert all(r["alone_s"] > 0 and r["together_s"] > 0 and 0 < r["on_core"] <= 1.05 for r in runs.values())
+    assert all(r["on_core"] + r["ready"] + r["asleep"] == pytest.approx(1, abs=0.06) for r in runs.values())
     step = lesson01.one(result.records, "ddp step")
     assert step["step_s"] > 0 and step["compute_only_step_s"] > 0 and step["per_rank_batch"] == 16
     links = lesson01.part(result.records, "link bytes")
@@ -467,17 +493,20 @@ def test_wire_table_predicts_time_from_bytes_on_the_busiest_link(lesson_modules)
 
 
 @pytest.mark.parametrize(
-    ("threads_on_core", "processes_on_core", "verdict"),
-    [(0.85, 0.98, "True"),    # the threads wait for the GIL, the processes do not
-     (0.97, 0.99, "False"),   # under 5% off a core: no wait to speak of
-     (0.85, 0.93, "False"),   # the processes wait too: a busy machine, nothing to read
-     (0.50, 0.50, "False")],  # a loaded machine: everything waits alike
+    ("threads_asleep", "processes_asleep", "verdict"),
+    [(0.15, 0.02, "True"),    # the threads wait for the GIL; the processes only for a core (38%)
+     (0.03, 0.00, "False"),   # under 5% asleep: no wait to speak of
+     (0.27, 0.09, "True"),    # two busy processes on two cores: the processes sleep a little too
+     (0.15, 0.08, "False"),   # the processes sleep about as much: something else makes them wait
+     (0.30, 0.30, "False")],  # everything sleeps alike: nothing to read
 )
-def test_gil_check_compares_the_time_off_a_core(lesson_modules, threads_on_core, processes_on_core, verdict):
+def test_gil_check_compares_the_time_asleep(lesson_modules, threads_asleep, processes_asleep, verdict):
     (lesson01,) = lesson_modules(LESSON01, "lesson01")
-    threads = {"MANY_SMALL_OPS": {"alone_s": 0.005, "together_s": 0.008, "on_core": threads_on_core}}
+    threads = {"MANY_SMALL_OPS": {"alone_s": 0.005, "together_s": 0.008, "on_core": 0.6, "ready": 0.1,
+                                  "asleep": threads_asleep}}
     records = [{"part": "processes at once", "rank": 0, "model": "MANY_SMALL_OPS", "alone_s": 0.005,
-                "together_s": 0.007, "on_core": processes_on_core}]
+                "together_s": 0.007, "on_core": 0.6, "ready": 0.4 - processes_asleep,
+                "asleep": processes_asleep}]
     assert lesson01.gil_check(threads, records).endswith(f": {verdict}")
 
 
