@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from labutils.course.timing import waited_for_a_core
 from model import FEW_BIG_OPS, make_batch, make_model, make_optimizer, param_bytes
 
 STAGES = ("scatter", "replicate", "forward", "gather + loss", "backward", "reduce grads", "optimizer step")
@@ -179,18 +180,6 @@ class ThreadDataParallel:
         return {what: {"device 0 sends": self.moved.get((what, "to d"), 0) / steps,
                        "device 0 receives": self.moved.get((what, "to 0"), 0) / steps}
                 for what in TRAFFIC}
-
-
-def waited_for_a_core() -> float | None:
-    """Seconds this thread has spent so far ready to run but waiting for a core, as
-    Linux's scheduler counts them (the second field of /proc/thread-self/schedstat, up
-    to date whenever the thread itself reads it: each wait is added when the thread gets
-    a core); None where the kernel does not say."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[dict[str, float]]]:

@@ -17,7 +17,9 @@ or from the notebook: cluster.launch("03_bucketing_and_overlap/sweep.py", nproc=
   apart. Reported per cap (part="sweep"): the slowest rank's step in each round
   (round_s) and the fastest of them (seconds), the bucket sizes, and the fastest
   all-reduce time of each bucket alone; per model (part="compute"): the phases of the
-  fastest step without communication.
+  fastest step without communication, and the share of those steps that the ranks
+  spent waiting for a core that other programs held (waited_share, the mean over the
+  steps on the rank that waited most; labutils.course.timing.waited_for_a_core).
 - before the steps and again after them, all_reduce of float32 arrays from 4 KiB to
   4 MiB: seconds per call (each call after a barrier; the slowest rank's time; the
   fastest of 3 x TRIES_SMALL tries under SMALL bytes, of 5 from there, in each pass),
@@ -48,7 +50,7 @@ from models import batch, make_mlp  # noqa: E402
 
 from labutils.course.ddp_probes import reducer_buckets  # noqa: E402
 from labutils.dist import init, report  # noqa: E402
-from labutils.course.timing import time_calls  # noqa: E402
+from labutils.course.timing import time_calls, waited_for_a_core  # noqa: E402
 
 # model: (items per rank and step, bucket_cap_mb values). The batches make backward
 # take about as long as the all-reduces on a 400 Mbit/s link, so that overlap matters.
@@ -127,11 +129,13 @@ class Setting:
         self.ddp = DDP(make_mlp(size).to(device), bucket_cap_mb=cap if cap is not None else 1024)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01)
         self.phases: list[list[float]] = []  # per timed step: forward, backward, optimizer
+        self.waited: list[float] = []  # per timed step: the share of it spent waiting for a core
         # the first step uses one bucket, the second rebuilds them, and DDP's logging
         # data shows the rebuilt buckets from the third on
         for _ in range(3):
             self.step()
         self.phases.clear()
+        self.waited.clear()
         info = reducer_buckets(self.ddp)
         self.buckets = (info["rebuilt_sizes"] or info["initial_sizes"]) if cap is not None else []
 
@@ -139,7 +143,7 @@ class Setting:
         x, y = batch(rank, self.step_count, size=self.size, n=self.batch)
         self.step_count += 1
         sync = self.cap is not None
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), waited_for_a_core()
         with self.ddp.no_sync() if not sync else contextlib.nullcontext():
             loss = F.cross_entropy(self.ddp(x.to(device)), y.to(device))
             finish()
@@ -150,7 +154,10 @@ class Setting:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         finish()
+        waited_after = waited_for_a_core()
         self.phases.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
+        if waited is not None and waited_after is not None:
+            self.waited.append((waited_after - waited) / sum(self.phases[-1]))
 
 
 for size in args.models.split(","):
@@ -166,12 +173,13 @@ for size in args.models.split(","):
     for s in settings:
         # per step the slowest rank's phases; the step with the smallest total counts
         steps = [slowest_rank(p) for p in s.phases]
+        waited = slowest([sum(s.waited) / len(s.waited) if s.waited else 0.0])[0]  # mean share, slowest rank
         fastest = min(steps, key=sum)
         if rank != 0:
             continue
         if s.cap is None:
             report(part="compute", model=size, batch=s.batch, forward_s=fastest[0],
-                   backward_s=fastest[1], optimizer_s=fastest[2],
+                   backward_s=fastest[1], optimizer_s=fastest[2], waited_share=waited,
                    param_bytes=reducer_buckets(s.ddp)["total_parameter_size_bytes"])
         else:
             report(part="sweep", model=size, cap_mb=s.cap, seconds=sum(fastest),

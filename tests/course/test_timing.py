@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from labutils.errors import InputError
 from labutils.course.timing import (
     AlphaBeta, algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes, format_rate,
-    format_seconds, median, time_calls,
+    format_seconds, median, time_calls, waited_for_a_core,
 )
 
 
@@ -188,3 +192,27 @@ def test_format_rate(value, text):
 )
 def test_format_seconds(value, text):
     assert format_seconds(value) == text
+
+
+@pytest.mark.serial
+def test_waited_for_a_core_counts_the_time_another_process_holds_the_core():
+    """This thread and a spinning process on one CPU: about half the time this thread
+    is ready and waits; alone, it hardly waits."""
+    if waited_for_a_core() is None:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat")
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        time.sleep(0.2)  # the spinner is running
+        waited, t0 = waited_for_a_core(), time.perf_counter()
+        while time.perf_counter() - t0 < 0.6:
+            pass
+        shared = (waited_for_a_core() - waited) / (time.perf_counter() - t0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+        os.sched_setaffinity(0, before)
+    assert 0.2 < shared < 0.95  # other work on this CPU can only add to the wait

@@ -73,6 +73,19 @@ def test_check_compares_every_cap_with_two_or_more_buckets(step_at_cap_1, verdic
     assert L.sweep_check(records, model="m") == said
 
 
+@pytest.mark.parametrize(("waited", "step", "note"), [
+    (0.45, 0.050, True),    # below perfect overlap on a machine whose cores others held: said why
+    (0.05, 0.050, False),   # below it on a quiet machine: nothing to blame
+    (0.45, 0.070, False),   # between the bounds: True, with nothing to add
+])
+def test_check_says_when_other_programs_held_the_cores(waited, step, note):
+    records = sweep_records({1: step}, alone={1: [0.010] * 3})
+    records[0]["waited_share"] = waited
+    said = L.sweep_check(records, model="m")
+    assert said.split("(each widened by 10%): ")[1].startswith("True" if step == 0.070 else "False")
+    assert ("the ranks waited for a core 45% of their compute" in said) is note
+
+
 def test_check_without_any_cap_of_several_buckets_is_false():
     records = sweep_records({16: 0.08}, alone={16: [0.030]})
     assert L.sweep_check(records, model="m").endswith(": False")

@@ -151,16 +151,6 @@ def test_steps_on_core_splits_each_step_into_on_a_core_waiting_and_asleep(lesson
     assert shares == [pytest.approx({"on_core": 0.5, "ready": 0.0, "asleep": 0.5})]
 
 
-def test_waited_for_a_core_reads_this_threads_schedstat(lesson_modules):
-    """Linux counts a thread's time waiting for a core; a busy thread's count only grows."""
-    (dp_mod,) = lesson_modules(LESSON01, "data_parallel")
-    first = dp_mod.waited_for_a_core()
-    if first is None:
-        pytest.skip("this kernel has no /proc/thread-self/schedstat")
-    sum(range(200_000))
-    assert dp_mod.waited_for_a_core() >= first >= 0
-
-
 def test_time_in_turn_alternates_steps_and_keeps_each_ways_fastest(lesson_modules):
     """One step of each way in turn (a slow moment of the machine falls on both), the
     fastest timed step of each, the warm-up left out of DataParallel's stage times."""

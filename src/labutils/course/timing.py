@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from labutils.errors import InputError, whole_number
 
 __all__ = [
-    "BUSBW_FACTORS", "busbw_factor", "algbw", "busbw", "time_calls", "median",
+    "BUSBW_FACTORS", "busbw_factor", "algbw", "busbw", "time_calls", "median", "waited_for_a_core",
     "AlphaBeta", "fit_alpha_beta", "format_bytes", "format_rate", "format_seconds",
 ]
 
@@ -126,6 +126,20 @@ def time_calls(fn: Callable[[], object], *, iters: int, warmup: int = 1,
         fn()
         times.append(clock() - t0)
     return times
+
+
+def waited_for_a_core() -> float | None:
+    """Seconds the calling thread has spent so far ready to run but waiting for a core
+    that other work held, as Linux's scheduler counts them (the second field of
+    /proc/thread-self/schedstat; up to date whenever the thread itself reads it, since
+    each wait is added when the thread gets a core); None where the kernel does not say.
+    Its growth over a timed interval, against the interval, is the share of it that
+    other work on the machine took."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def median(values: Sequence[float]) -> float:
