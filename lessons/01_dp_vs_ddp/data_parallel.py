@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from labutils.course.timing import waited_for_a_core
+from labutils.course.timing import sleeps_so_far
 from model import FEW_BIG_OPS, make_batch, make_model, make_optimizer, param_bytes
 
 STAGES = ("scatter", "replicate", "forward", "gather + loss", "backward", "reduce grads", "optimizer step")
@@ -184,38 +184,34 @@ class ThreadDataParallel:
 
 def steps_on_core(step: Callable, batches: list) -> tuple[list[float], list[dict[str, float]]]:
     """step(x, y) for every batch: each step's seconds, and how the calling thread spent
-    the step, as shares of its wall time: "on_core" (its CPU time), "ready" (waiting for
-    a core that other work held) and "asleep" (the rest: not wanting a core, as a thread
-    waiting for the GIL). Where the kernel does not count the waits for a core, "ready"
-    is 0 and they count as asleep."""
+    the step: "on_core", the share of its wall time on a core (the thread's CPU time),
+    and "sleeps", how many times it gave up its core by itself to sleep (sleeps_so_far).
+    A thread waiting for the GIL sleeps until the holder lets go; other work on the
+    machine takes cores away (less time on a core) but puts no thread to sleep. Where
+    the kernel does not count sleeps, "sleeps" is 0."""
     seconds, shares = [], []
     for x, y in batches:
-        wall, cpu, ready = time.perf_counter(), time.thread_time(), waited_for_a_core()
+        wall, cpu, slept = time.perf_counter(), time.thread_time(), sleeps_so_far()
         step(x, y)
-        ready_after = waited_for_a_core()  # both clocks read inside the wall-clock interval
+        slept_after = sleeps_so_far()  # both read inside the wall-clock interval
         cpu = time.thread_time() - cpu
         seconds.append(time.perf_counter() - wall)
-        waited = ready_after - ready if ready is not None and ready_after is not None else 0.0
-        on_core, ready_share = cpu / seconds[-1], waited / seconds[-1]
-        shares.append({"on_core": on_core, "ready": ready_share,
-                       "asleep": max(0.0, 1.0 - on_core - ready_share)})
+        sleeps = slept_after - slept if slept is not None and slept_after is not None else 0
+        shares.append({"on_core": cpu / seconds[-1], "sleeps": float(sleeps)})
     return seconds, shares
 
 
-def time_shares(steps: list[float], shares: list[dict[str, float]]) -> dict[str, float]:
-    """The shares of many steps together, each step weighed by its seconds: the three
-    add up to the whole time of all the steps."""
-    total = sum(steps)
-    return {key: sum(s * share[key] for s, share in zip(steps, shares)) / total
-            for key in ("on_core", "ready", "asleep")}
+def pass_totals(steps: list[float], shares: list[dict[str, float]]) -> dict[str, float]:
+    """Many steps together: the share of their whole time on a core (each step weighed
+    by its seconds), and the sleeps per step."""
+    return {"on_core": sum(s * share["on_core"] for s, share in zip(steps, shares)) / sum(steps),
+            "sleeps_per_pass": sum(share["sleeps"] for share in shares) / len(shares)}
 
 
 # Passes per round, for thread_slowdown and for ddp_train.py's part 4a, in multiples of
 # the lesson's STEPS: a pass of MANY_SMALL_OPS takes about a quarter of one of FEW_BIG_OPS,
-# and 4x the passes make its rounds as long (about 150 ms on a quiet core). On a busy
-# machine a process, too, now and then sleeps for a few tens of milliseconds; in rounds of
-# 30 passes of MANY_SMALL_OPS (40 ms) one such stall made processes look asleep for 28% of
-# their time, as long as the threads that wait for the GIL.
+# and 4x the passes make its rounds as long (about 150 ms on a quiet core): a busy moment
+# of the machine is then a smaller part of a round.
 ROUND_PASSES = {"MANY_SMALL_OPS": 4, "FEW_BIG_OPS": 1}
 
 
@@ -246,12 +242,14 @@ def replicas_at_once(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
 def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int = 3) -> dict:
     """One replica alone on one thread, then n replicas on n threads at once (one core
     each): seconds per forward pass, how much slower running together is, and how the
-    threads running together spent their passes: on a core, waiting for one, asleep.
+    threads running together spent their passes: their share on a core, and how often
+    they went to sleep.
 
     ``rounds`` rounds of (alone, together), ``steps`` passes each. The times are each
     one's fastest round, the one least disturbed by anything else the machine was doing;
-    the shares are those of every pass of every round together (time_shares): other
-    work on the machine shows as waiting for a core, the GIL as sleep."""
+    the share on a core and the sleeps per pass are those of every pass of every round
+    together (pass_totals): other work on the machine takes time on a core away, the GIL
+    puts threads to sleep."""
     models = [make_model(**config) for _ in range(n)]
     x, y = make_batch(0, batch, **config)
     threads_before = torch.get_num_threads()
@@ -268,7 +266,7 @@ def thread_slowdown(config: dict, *, n: int, batch: int, steps: int, rounds: int
     finally:
         torch.set_num_threads(threads_before)
     return {"alone_s": min(alone), "together_s": min(together), "slowdown": min(together) / min(alone),
-            **time_shares(passes, shares)}
+            **pass_totals(passes, shares)}
 
 
 def memory_table(module: nn.Module, *, n_devices: int, global_batch: int, inputs: int,

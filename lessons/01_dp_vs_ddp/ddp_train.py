@@ -21,7 +21,7 @@ the notebook shows arrives through report(). The parts:
       models of model.py (MANY_SMALL_OPS, FEW_BIG_OPS); 3 rounds of both (of 4x
       --timing-steps passes for MANY_SMALL_OPS: data_parallel.ROUND_PASSES), the
       fastest round of each kept; with how the ranks spent their time while they all
-      ran: on a core, waiting for a core, asleep;
+      ran: the share on a core, and how often they went to sleep;
    b. a DDP training step of MANY_SMALL_OPS with --small-batch samples per rank,
       with and without gradient synchronisation, and the same global batch in one
       process (rank 0, the others waiting) as the baseline: one step of each in
@@ -49,7 +49,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).parent))  # model.py sits next to this file
-from data_parallel import ROUND_PASSES, global_batches, one_process, steps_on_core, time_shares  # noqa: E402
+from data_parallel import ROUND_PASSES, global_batches, one_process, pass_totals, steps_on_core  # noqa: E402
 from model import (  # noqa: E402
     FEW_BIG_OPS, MANY_SMALL_OPS, PROOF, flat_grads, flat_params, make_batch, make_model, make_optimizer,
     param_bytes, shard,
@@ -144,7 +144,7 @@ def moved(before: dict | None, after: dict | None, steps: int = 1) -> dict:
 def median_step(step_fn, batches, passes: tuple[list, list] | None = None) -> float:
     """The median seconds of one step over batches[2:] (two warm-up steps first); with
     ``passes`` (a list of seconds, a list of shares), each of those steps' seconds and how
-    this rank's thread spent it (on a core, waiting for one, asleep: steps_on_core) are
+    this rank's thread spent it (its share on a core, its sleeps: steps_on_core) are
     added to them."""
     for x, y in batches[:2]:
         step_fn(x, y)
@@ -206,8 +206,8 @@ if args.timing_steps > 0:
             loss_fn(plain(x), y)
 
         # 3 rounds, as long for both models (ROUND_PASSES). The times are each one's fastest
-        # round (on the slowest rank), the least disturbed by other work; the shares (on a
-        # core, waiting for one, asleep) are those of every step of every round together
+        # round (on the slowest rank), the least disturbed by other work; the share on a
+        # core and the sleeps per pass are those of every step of every round together
         # (the mean over ranks), as for the threads in the notebook.
         alone, together, passes = [], [], ([], [])
         for _ in range(3):
@@ -216,7 +216,7 @@ if args.timing_steps > 0:
                 alone.append(median_step(forward, batches))
             dist.barrier()
             together.append(slowest_rank(median_step(forward, batches, passes)))  # all at once
-        shares = {key: mean_over_ranks(value) for key, value in time_shares(*passes).items()}
+        shares = {key: mean_over_ranks(value) for key, value in pass_totals(*passes).items()}
         if rank == 0:
             report(part="processes at once", model=name, alone_s=min(alone), together_s=min(together),
                    **shares)

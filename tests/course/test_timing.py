@@ -13,7 +13,7 @@ import pytest
 from labutils.errors import InputError
 from labutils.course.timing import (
     AlphaBeta, algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes, format_rate,
-    format_seconds, median, time_calls, waited_for_a_core,
+    format_seconds, median, sleeps_so_far, time_calls, waited_for_a_core,
 )
 
 
@@ -216,3 +216,15 @@ def test_waited_for_a_core_counts_the_time_another_process_holds_the_core():
         spinner.wait()
         os.sched_setaffinity(0, before)
     assert 0.2 < shared < 0.95  # other work on this CPU can only add to the wait
+
+
+def test_sleeps_so_far_counts_a_sleep_and_not_a_spin():
+    if sleeps_so_far() is None:
+        pytest.skip("this kernel does not count a thread's voluntary switches")
+    before = sleeps_so_far()
+    for _ in range(3):
+        time.sleep(0.001)
+    slept = sleeps_so_far()
+    assert slept - before >= 3
+    sum(range(100_000))  # a spin: other work can take the core away, but that is involuntary
+    assert sleeps_so_far() <= slept + 1  # (one page read from disk would be a real sleep)

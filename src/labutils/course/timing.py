@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from labutils.errors import InputError, whole_number
 
 __all__ = [
-    "BUSBW_FACTORS", "busbw_factor", "algbw", "busbw", "time_calls", "median", "waited_for_a_core",
+    "BUSBW_FACTORS", "busbw_factor", "algbw", "busbw", "time_calls", "median", "sleeps_so_far", "waited_for_a_core",
     "AlphaBeta", "fit_alpha_beta", "format_bytes", "format_rate", "format_seconds",
 ]
 
@@ -126,6 +126,22 @@ def time_calls(fn: Callable[[], object], *, iters: int, warmup: int = 1,
         fn()
         times.append(clock() - t0)
     return times
+
+
+def sleeps_so_far() -> int | None:
+    """How many times the calling thread has so far given up its core by itself, going
+    to sleep until something woke it (waiting for a lock such as Python's GIL, for
+    I/O, for a timer), as Linux counts them: voluntary_ctxt_switches in
+    /proc/thread-self/status. Other work that takes the core away does not count here
+    (those switches are involuntary). None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def waited_for_a_core() -> float | None:
