@@ -19,5 +19,9 @@ if rank == world - 1 and not os.path.exists(marker):
     sys.exit(3)
 t = torch.ones(1)
 dist.all_reduce(t)
-print(f"rank {rank} of {world} sum {t.item():.0f}", flush=True)
+# One write per line: a pod's ranks share its output pipe, and with PYTHONUNBUFFERED (the
+# manifests set it) print() writes the text and the newline apart, so two ranks' lines
+# could interleave ("rank 3 of 4 sum 4rank 2 of 4 sum 4", seen once in a fresh-clone run);
+# a write of under PIPE_BUF bytes to a pipe is atomic.
+os.write(1, f"rank {rank} of {world} sum {t.item():.0f}\n".encode())
 dist.destroy_process_group()
