@@ -173,7 +173,8 @@ for size in args.models.split(","):
     for s in settings:
         # per step the slowest rank's phases; the step with the smallest total counts
         steps = [slowest_rank(p) for p in s.phases]
-        waited = slowest([sum(s.waited) / len(s.waited) if s.waited else 0.0])[0]  # mean share, slowest rank
+        if s.cap is None:  # the compute alone: its mean share waiting for a core, on the slowest rank
+            waited = slowest([sum(s.waited) / len(s.waited) if s.waited else 0.0])[0]
         fastest = min(steps, key=sum)
         if rank != 0:
             continue
