@@ -17,6 +17,7 @@ record and is not counted.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 # struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid,
@@ -99,7 +101,8 @@ class Names:
     """The processes that start while it runs: (pid, start) -> (command line, parent)."""
 
     def __init__(self, interval: float = 0.02) -> None:
-        self.interval, self.seen = interval, {}
+        self.interval = interval
+        self.seen: dict[tuple[int, float], tuple[str, int]] = {}
         self.done = threading.Event()
         boot = next(line for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime "))
@@ -163,7 +166,8 @@ def descendants(rows: list[dict], root: int) -> list[dict]:
 
 
 def report(rows: list[dict], wall_s: float) -> str:
-    cpu, count = Counter(), Counter()
+    cpu: Counter[str] = Counter()
+    count: Counter[str] = Counter()
     for r in rows:
         cpu[r["kind"]] += r["cpu_s"]
         count[r["kind"]] += 1
@@ -184,18 +188,29 @@ LOCK = Path("/tmp/suite_processes.lock")
 RUNNING = "a measure is running already on this machine"
 
 
-def measure(command: list[str]) -> tuple[int, str]:
-    """Run command under process accounting; (its exit status, the report)."""
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """LOCK, held for the block; SystemExit with one line when a measure holds it now."""
     with open(LOCK, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise SystemExit(f"suite_processes.py: {RUNNING} (the kernel keeps one accounting "
                              "file): measure once, from outside") from None
-        return _measure(command)
+        yield
 
 
-def _measure(command: list[str]) -> tuple[int, str]:
+def measure(command: list[str]) -> tuple[int, str]:
+    """Run command under process accounting; (its exit status, the report)."""
+    with held():
+        status, rows, root, wall = account(command)
+    return status, report(descendants(rows, root), wall)
+
+
+def account(command: list[str]) -> tuple[int, list[dict], int, float]:
+    """Run command under process accounting, the caller holding LOCK: (its exit status,
+    the record of every process of the machine that ended meanwhile, each named by its
+    kind, the command's pid, the wall time)."""
     libc = ctypes.CDLL(None, use_errno=True)
     with tempfile.TemporaryDirectory(prefix="suite-processes-") as tmp:
         path = Path(tmp) / "pacct"
@@ -220,7 +235,7 @@ def _measure(command: list[str]) -> tuple[int, str]:
     for r in rows:
         line, r["parent"] = find(r["pid"], r["btime"])
         r["kind"] = kind(line, r["comm"])
-    return status, report(descendants(rows, proc.pid), wall)
+    return status, rows, proc.pid, wall
 
 
 USAGE = "usage: suite_processes.py -- COMMAND [ARGS...] (as root)"
