@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from labutils.cluster import clean_stale, parse_rate, rate_text, virtual_cluster
+from labutils.cluster.links import arrived_bytes, best_rate
 from labutils.cluster.netns import list_namespaces
 from labutils.errors import LaunchConfigError
 
@@ -120,6 +122,40 @@ def test_rate_text():
     assert rate_text(400e6) == "400 Mbit/s"
     assert rate_text(1.5e9) == "1.5 Gbit/s"
     assert rate_text(95.6e6) == "95.6 Mbit/s"
+
+
+def test_a_links_rate_is_its_best_quarter_second():
+    """A link idle now and then (its sender or receiver waiting for a core) reads its
+    rate where it was kept busy; a span shorter than the window reads as a whole."""
+    per_10ms = 48e6 / 100  # bytes in 10 ms at 48 MB/s
+    samples, total = [], 0
+    for i in range(200):  # 2 s, sampled every 10 ms, with a 100 ms stall in each 500 ms
+        samples.append((i * 0.01, total))
+        total += 0 if i % 50 < 10 else per_10ms
+    assert best_rate(samples, 0.25) == pytest.approx(384e6)
+    whole = (samples[-1][1] - samples[0][1]) * 8 / (samples[-1][0] - samples[0][0])
+    assert whole < 0.85 * 384e6
+    assert best_rate(samples[:10], 0.25) == pytest.approx(0.0)  # nine stalled steps
+    assert best_rate(samples[10:20], 0.25) == pytest.approx(384e6)
+    assert best_rate(samples[:1], 0.25) == 0.0
+
+
+def test_the_bytes_that_arrived_are_counted_before_they_are_read():
+    """The rate is timed by the kernel's count of arrived bytes: a reader that comes late
+    finds them counted already, so its late reads do not look like a burst."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sender:
+        conn, _ = server.accept()
+        with conn:
+            assert arrived_bytes(conn) == 0
+            sender.sendall(bytes(100_000))
+            deadline = time.monotonic() + 10
+            while arrived_bytes(conn) < 100_000 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert arrived_bytes(conn) == 100_000  # none of it read yet
+            got = 0
+            while got < 100_000:
+                got += len(conn.recv(1 << 20))
+            assert arrived_bytes(conn) == 100_000
 
 
 def test_without_root_it_says_loopback(monkeypatch):
@@ -322,8 +358,8 @@ def test_stale_cleaning_spares_live_owners(namespaces_allowed):
 
 
 def test_a_rank_reads_its_hosts_link_only_on_a_cluster(monkeypatch):
-    from labutils.runtime import runfiles
     from labutils.dist import link_bytes
+    from labutils.runtime import runfiles
 
     monkeypatch.delenv(runfiles.ENV_LINK, raising=False)
     assert link_bytes() is None  # not on a virtual cluster

@@ -118,7 +118,7 @@ class VirtualCluster:
 
         Args:
             link: the rate in tc's units ("400mbit") or bits per second; None: uncapped.
-            measure: measure the link once capped (about a second).
+            measure: measure the link once capped (about two seconds).
         """
         rate = None if link is None else parse_rate(link)
         self.link = None
@@ -132,9 +132,10 @@ class VirtualCluster:
                 self.link.update(self.measure())
         return self.link
 
-    def measure(self, *, seconds: float = 1.0, rounds: int = 50) -> dict:
+    def measure(self, *, seconds: float = 2.0, rounds: int = 50) -> dict:
         """Measure the link between host 1 and host 0 for real: TCP throughput from
-        host 1 to host 0 for `seconds`, then the median round trip of one byte.
+        host 1 to host 0 for `seconds` (the rate of its best quarter second), then the
+        median round trip of one byte.
         Returns {"measured_bps", "rtt_ms"}.
 
         Args:
