@@ -274,6 +274,32 @@ def wire_predictions(records: Iterable[dict], *, link_Bps: float, world_size: in
             for r in recs if r["nbytes"] == biggest}
 
 
+WIRE_BAND = (0.9, 1.5)  # measured / predicted, for every algorithm
+BUSY_ELSEWHERE = 0.4  # the share of the cores other programs held that explains a miss
+
+
+def wire_check(records: Iterable[dict], *, link_Bps: float, world_size: int) -> str:
+    """Section 6's check: every algorithm's time at the largest size within WIRE_BAND of
+    the time its busiest link's bytes need. When it fails, too slow, while other programs kept
+    BUSY_ELSEWHERE of the machine's cores or more busy (ring_bench.py's others_cores),
+    the line says so: the ranks then waited for a core, and the wire waited with them."""
+    recs = [r for r in records if "algorithm" in r]
+    low, high = WIRE_BAND
+    predicted = wire_predictions(recs, link_Bps=link_Bps, world_size=world_size)
+    ratios = [measured / pred for pred, measured in predicted.values()]
+    held = all(low <= ratio <= high for ratio in ratios)
+    slow = not held and min(ratios) >= low  # too slow, none too fast: a reason may be the load
+    line = f"every algorithm takes {low}x to {high}x the time its bytes need on the link: {held}"
+    biggest = max(r["nbytes"] for r in recs)
+    busy = max((r for r in recs if r["nbytes"] == biggest and "others_cores" in r),
+               key=lambda r: r["others_cores"], default=None)
+    if slow and busy is not None and busy["others_cores"] >= BUSY_ELSEWHERE * busy["cores"]:
+        line += (f" (other programs kept {busy['others_cores']:.1f} of this machine's {busy['cores']} "
+                 "cores busy while the calls were timed: the ranks waited for a core, and the wire "
+                 "with them)")
+    return line
+
+
 def wire_table(records: Iterable[dict], *, link_Bps: float, world_size: int) -> str:
     """At the largest size: bytes each rank's link carried (counted on the interface) and
     the time the link rate predicts from the busiest link's load, against the time measured."""
@@ -367,5 +393,6 @@ def check_answers(answers: dict, *, fit=None) -> None:
 __all__ = [
     "primitive_tables", "barrier_table", "show_source", "frame_in", "correctness_table", "traffic_table",
     "traffic_summary", "bandwidth_series", "bandwidth_table", "fit_all", "fit_table", "busbw_ratio",
-    "wire_predictions", "wire_table", "check_ring_bytes", "check_parity_ring", "check_answers",
+    "wire_predictions", "wire_check", "wire_table", "check_ring_bytes", "check_parity_ring",
+    "check_answers",
 ]

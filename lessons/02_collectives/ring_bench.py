@@ -23,13 +23,17 @@ args=["--skip-checks", ...]). Three parts:
    slows all of them alike; rank 0 reports each one's median per size. --check-only skips this part, --skip-checks parts 1-2.
    On a virtual cluster (labutils.cluster), every rank also counts the bytes its host's
    link carried during the untimed warm-up call, headers included
-   (labutils.dist.link_bytes()), and rank 0 reports them with the timings.
+   (labutils.dist.link_bytes()), and rank 0 reports them with the timings. With every
+   rank on this machine, rank 0 also reports how many of its cores other programs kept
+   busy on average while the calls were timed (others_cores, of cores).
 
 Runs on gloo (CPU) and NCCL (GPUs): tensors live on the device init() picked.
 """
 
 import argparse
+import os
 import sys
+import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -41,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # ring.py sits next to this file
 from ring import ALGORITHMS, pipelined_ring_all_reduce  # noqa: E402
 
 from labutils.dist import init, link_bytes, report  # noqa: E402
-from labutils.course.timing import median, time_calls  # noqa: E402
+from labutils.course.timing import machine_cpu_so_far, median, time_calls  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--min-bytes", type=int, default=8, help="smallest array, bytes")
@@ -57,6 +61,9 @@ args = parser.parse_args()
 rank, world_size, device = init()
 torch.set_num_threads(1)  # one core per rank, whatever OMP_NUM_THREADS says: the ranks share the machine's cores
 on_cluster = link_bytes() is not None  # a virtual cluster names this host's link
+# Every rank on this machine (a virtual cluster's hosts are too): what other programs took
+# of its cores while the calls were timed can be counted.
+one_machine = on_cluster or os.environ.get("LOCAL_WORLD_SIZE") == str(world_size)
 CHECK_SIZES = (1, 2, 3, 5, 7, 10, 1001, 4099)  # elements; most are not multiples of 2, 3, 4
 TRAFFIC_SIZE = 1001
 
@@ -150,9 +157,19 @@ while nbytes <= args.max_bytes:
     # One timed call of each algorithm per round, the rounds one after the other: a busy
     # moment of the machine then slows every algorithm alike, not one of them.
     timed = {name: [] for name in calls}
+    machine, own, t0 = machine_cpu_so_far(), sum(os.times()[:2]), time.perf_counter()
     for _ in range(iters):
         for name, call in calls.items():
             timed[name] += time_calls(call, iters=1, warmup=0, sync=sync)
+    # The cores other programs kept busy meanwhile, on average: the machine's CPU time
+    # less the ranks' own (summed over the ranks).
+    machine_after, wall = machine_cpu_so_far(), time.perf_counter() - t0
+    own_cpu = torch.tensor([sum(os.times()[:2]) - own], dtype=torch.float64, device=device)
+    dist.all_reduce(own_cpu)
+    others = {}
+    if one_machine and machine is not None and machine_after is not None:
+        used = machine_after - machine - own_cpu.item()
+        others = {"others_cores": round(max(used, 0.0) / wall, 2), "cores": len(os.sched_getaffinity(0))}
     for name in calls:
         times = torch.tensor(timed[name], device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
@@ -165,7 +182,7 @@ while nbytes <= args.max_bytes:
                 extra = {"link_sent": [int(t[0]) for t in every_link],
                          "link_received": [int(t[1]) for t in every_link]}
             report(algorithm=name, nbytes=nbytes, seconds=median(times.tolist()), iters=iters,
-                   **extra)
+                   **extra, **others)
     nbytes *= 4
 
 dist.destroy_process_group()

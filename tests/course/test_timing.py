@@ -13,7 +13,7 @@ import pytest
 from labutils.errors import InputError
 from labutils.course.timing import (
     AlphaBeta, algbw, busbw, busbw_factor, fit_alpha_beta, format_bytes, format_rate,
-    format_seconds, median, sleeps_so_far, time_calls, waited_for_a_core,
+    format_seconds, machine_cpu_so_far, median, sleeps_so_far, time_calls, waited_for_a_core,
 )
 
 
@@ -216,6 +216,19 @@ def test_waited_for_a_core_counts_the_time_another_process_holds_the_core():
         spinner.wait()
         os.sched_setaffinity(0, before)
     assert 0.2 < shared < 0.95  # other work on this CPU can only add to the wait
+
+
+def test_machine_cpu_so_far_counts_another_process():
+    """A child that burns 0.5 s of CPU shows in the machine's count, beyond this process's
+    own: the tick samples that land on it count as user time, or as steal where the host
+    of a virtual machine took the core."""
+    if machine_cpu_so_far() is None:
+        pytest.skip("this kernel has no /proc/stat")
+    before, own = machine_cpu_so_far(), sum(os.times()[:2])
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    others = machine_cpu_so_far() - before - (sum(os.times()[:2]) - own)
+    assert others >= 0.3, others  # other work on the machine can only add to it
 
 
 def test_sleeps_so_far_counts_a_sleep_and_not_a_spin():

@@ -391,6 +391,8 @@ def test_ring_bench_counts_each_hosts_link_bytes_on_a_virtual_cluster(runs_dir):
     assert sent.keys() == expected.keys()
     for name, factors in expected.items():  # headers and barriers add a little, never less
         assert all(f <= got <= 1.02 * f for got, f in zip(sent[name], factors)), (name, sent[name])
+    # every host is on this machine: the cores other programs held while the calls ran
+    assert all(r["cores"] >= 1 and 0 <= r["others_cores"] <= r["cores"] for r in result.records)
 
 
 def test_check_ring_bytes_reports_wrong_formula(lesson_modules, capsys):
@@ -478,6 +480,27 @@ def test_wire_table_predicts_time_from_bytes_on_the_busiest_link(lesson_modules)
     rb_row = next(line for line in table.splitlines() if line.startswith("reduce+broadcast"))
     assert ring_row.split()[-2:] == ["1.00", "1.00"]  # measured / predicted, busbw / link
     assert rb_row.split()[-2:] == ["3.00", "0.08"]
+
+
+@pytest.mark.parametrize(("factor", "others", "said"), [
+    (1.1, 0.2, "True"),    # quiet: the times follow the bytes
+    (1.6, 1.1, "False (other programs kept 1.1 of this machine's 2 cores busy"),  # a busy machine
+    (1.6, 0.3, "False"),   # slow with the cores free: no excuse offered
+    (0.8, 1.1, "False"),   # faster than the link allows: the link reading is wrong, not the load
+])
+def test_wire_check_holds_times_to_their_bytes_and_names_a_busy_machine(lesson_modules, factor, others, said):
+    (lesson02,) = lesson_modules(LESSON02, "lesson02")
+    size, link = 2**20, 50e6
+    records = [{"rank": 0, "algorithm": name, "nbytes": size, "cores": 2, "others_cores": others,
+                "seconds": (factor if name == "ring" else 1.0) * load * size / link}
+               for name, load in (("ring", 1.5), ("naive ring", 3), ("reduce+broadcast", 6))]
+    records.append({"rank": 0, "algorithm": "ring", "nbytes": size // 4, "seconds": 9.0,
+                    "cores": 2, "others_cores": 0.0})  # a smaller size: not checked
+    line = lesson02.wire_check(records, link_Bps=link, world_size=4)
+    assert line.startswith("every algorithm takes 0.9x to 1.5x the time its bytes need on the link: ")
+    assert line.split("link: ", 1)[1].startswith(said), line
+    if said == "False":
+        assert "other programs" not in line
 
 
 @pytest.mark.parametrize(

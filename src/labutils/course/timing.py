@@ -15,6 +15,7 @@ as nccl-tests does. Sizes print in binary units (KiB, MiB).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -156,6 +157,22 @@ def waited_for_a_core() -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def machine_cpu_so_far() -> float | None:
+    """CPU-seconds every core of the machine has spent so far running programs (user,
+    nice and system time in /proc/stat's first line), plus the time the host of a
+    virtual machine kept for other guests while this one had work (steal); interrupt
+    handling is left out. Its growth over an interval, less what a run's own processes
+    used (os.times()), is what other programs took meanwhile. None where the kernel
+    does not say."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, steal = (int(fields[i]) for i in (1, 2, 3, 8))
+    except (OSError, ValueError, IndexError):
+        return None
+    return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def median(values: Sequence[float]) -> float:
