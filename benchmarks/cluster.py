@@ -9,7 +9,8 @@ cluster is loopback and the script says so and stops (there is no link to measur
 
 1. Rate set vs measured: a 2-host cluster; for each rate, set_link(rate) caps both
    ends of every link with an HTB class, then a TCP sender in host 1 streams to host 0
-   for 1 s (VirtualCluster.measure); median of --repeats. The ratio shows what HTB and
+   for 2 s (VirtualCluster.measure: the rate of the best quarter second, timed by the
+   kernel's count of arrived bytes); median of --repeats. The ratio shows what HTB and
    TCP's own overhead (headers, acks) leave of the rate.
 2. all_reduce busbw: for each host count, one rank per host on links capped at --link,
    then the same ranks on this machine's loopback (one host, no cap: the plain
@@ -74,7 +75,7 @@ def main() -> int:
         if c.mode != "namespaces":
             print(f"no link to measure: {c.reason}")
             return 1
-        print(f"1. rate set vs measured (2 hosts, TCP for 1 s, median of {ns.repeats})\n")
+        print(f"1. rate set vs measured (2 hosts, TCP for 2 s, best quarter second, median of {ns.repeats})\n")
         print("| rate set | measured | measured / set | round trip |")
         print("| --- | --- | --- | --- |")
         for rate in rates:
