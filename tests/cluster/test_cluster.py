@@ -146,16 +146,19 @@ def test_the_bytes_that_arrived_are_counted_before_they_are_read():
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sender:
         conn, _ = server.accept()
         with conn:
+            if arrived_bytes(conn) is None:
+                pytest.skip("this kernel does not count a connection's arrived bytes (TCP_INFO)")
             assert arrived_bytes(conn) == 0
-            sender.sendall(bytes(100_000))
+            sender.settimeout(10)  # 10 kB fit in any receive window; a surprise is an error
+            sender.sendall(bytes(10_000))
             deadline = time.monotonic() + 10
-            while arrived_bytes(conn) < 100_000 and time.monotonic() < deadline:
+            while arrived_bytes(conn) < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert arrived_bytes(conn) == 100_000  # none of it read yet
+            assert arrived_bytes(conn) == 10_000  # none of it read yet
             got = 0
-            while got < 100_000:
+            while got < 10_000:
                 got += len(conn.recv(1 << 20))
-            assert arrived_bytes(conn) == 100_000
+            assert arrived_bytes(conn) == 10_000
 
 
 def test_without_root_it_says_loopback(monkeypatch):
