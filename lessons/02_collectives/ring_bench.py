@@ -162,14 +162,14 @@ while nbytes <= args.max_bytes:
         for name, call in calls.items():
             timed[name] += time_calls(call, iters=1, warmup=0, sync=sync)
     # The cores other programs kept busy meanwhile, on average: the machine's CPU time
-    # less the ranks' own (summed over the ranks).
+    # less the ranks' own (summed over the ranks), of all the cores /proc/stat counts.
     machine_after, wall = machine_cpu_so_far(), time.perf_counter() - t0
     own_cpu = torch.tensor([sum(os.times()[:2]) - own], dtype=torch.float64, device=device)
     dist.all_reduce(own_cpu)
     others = {}
     if one_machine and machine is not None and machine_after is not None:
         used = machine_after - machine - own_cpu.item()
-        others = {"others_cores": round(max(used, 0.0) / wall, 2), "cores": len(os.sched_getaffinity(0))}
+        others = {"others_cores": round(max(used, 0.0) / wall, 2), "cores": os.cpu_count() or 1}
     for name in calls:
         times = torch.tensor(timed[name], device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call lasts until its slowest rank is done
