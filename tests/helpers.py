@@ -82,13 +82,6 @@ def autocast_problem():
     return linear, x, ops
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (every core), from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def process_table() -> dict[tuple[int, int], tuple[int, float, str]]:
     """Every process now: {(pid, start tick): (parent pid, CPU seconds, name)}."""
     out = {}
