@@ -116,6 +116,22 @@ def test_variables_read_at_import_get_a_server_of_their_own(runs_dir):
     assert any(s.import_env.get("PYTHONHASHSEED") == "123" for s in warm.servers())
 
 
+def test_a_warm_ranks_exit_imports_nothing(runs_dir, tmp_path):
+    """torch._dynamo's atexit handler formats a table of compile times at every exit, a
+    rank's too, with the tabulate package: the server has imported it, so a warm rank
+    does not import it as it ends (about 70 ms of a rank's exit)."""
+    script = tmp_path / "exit_table.py"
+    script.write_text(
+        "import sys\n"
+        "from torch._dynamo.utils import compile_times\n"
+        "before = set(sys.modules)\n"
+        "compile_times(repr='str', aggregate=True)  # what the handler does\n"
+        "print('imported at exit:', sorted(set(sys.modules) - before))\n")
+    result = launch(script, 1, display="none")
+    assert result.ok and result.start == "warm", result.headline()
+    assert "imported at exit: []" in result.ranks[0].stdout, result.ranks[0].stdout
+
+
 def test_a_caller_that_built_a_ddp_model_keeps_its_server(runs_dir, monkeypatch):
     """Importing torch._dynamo (DDP's constructor does) writes torch's default
     TORCHINDUCTOR_CACHE_DIR into the caller's environment: the same server still serves

@@ -7,6 +7,10 @@ _terminate_process_handler raises SignalException), and forks a rank with
 multiprocessing's fork start method, as torchrun's function entry point does. A rank
 stopped between its fork and the reset of those handlers raised the agent's exception
 and exited 1; a cold rank stopped as it starts dies of SIGTERM.
+
+The agent also names torch's rendezvous events without inspect.stack()
+(agent.name_rendezvous_events_cheaply): the same names, without a walk of sys.modules
+per frame.
 """
 
 from __future__ import annotations
@@ -78,3 +82,38 @@ def test_a_rank_not_stopped_runs_with_every_signal_let_in(case):
     assert "rank went on" in out and "exitcode 0" in out, out
     if case == "own fork":
         assert f"own fork {signal.SIGTERM.value}" in out, out
+
+
+def test_rendezvous_events_get_the_names_torch_gives_them_without_inspect_stack(monkeypatch):
+    """torch names each rendezvous event after the method that recorded it (the caller of
+    `_record`), by inspect.stack(); the agent's replacement reads the same frame."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from labutils.runtime import agent
+
+    torchs = dynamic_rendezvous.get_method_name
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", torchs)  # put back afterwards
+    agent.name_rendezvous_events_cheaply()
+    cheap = dynamic_rendezvous.get_method_name
+    assert cheap is not torchs
+
+    def _record(name_of):   # as torch's _record: the name is its caller's
+        return name_of()
+
+    def _add_to_participants(name_of):
+        return _record(name_of)
+
+    def deep(name_of, depth):
+        return name_of(depth=depth)
+
+    assert _add_to_participants(torchs) == _add_to_participants(cheap) == "_add_to_participants"
+    assert deep(torchs, 1) == deep(cheap, 1) == "deep"
+    assert deep(torchs, 10_000) == deep(cheap, 10_000) == "no_method_name"
+
+    def refused(*args, **kwargs):
+        raise AssertionError("inspect.stack() called")
+
+    monkeypatch.setattr(inspect, "stack", refused)
+    assert _add_to_participants(cheap) == "_add_to_participants"

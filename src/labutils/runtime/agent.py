@@ -118,6 +118,27 @@ def hold_signals_across_fork() -> None:
                         after_in_child=masks.clear)
 
 
+def name_rendezvous_events_cheaply() -> None:
+    """torch's dynamic rendezvous names each event it records after the method that
+    recorded it, found with inspect.stack(), twice per event: that builds a frame record
+    for every frame of the stack, each of which looks up its source file by walking
+    sys.modules. With the ~2,000 modules a warm agent inherits (torch._dynamo
+    included), one name took about 10 ms, and an agent records a dozen events or more
+    per rendezvous. The same name is read from the frame itself."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    if not callable(getattr(dynamic_rendezvous, "get_method_name", None)):
+        return   # a torch without it
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name
+        except ValueError:   # the stack is not that deep
+            return "no_method_name"
+
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
 def run_agent(argv: list[str], keeper: int) -> None:
     """The keeper's child: torchrun's agent in this (forked) interpreter."""
     die_with_parent(keeper)
@@ -127,6 +148,7 @@ def run_agent(argv: list[str], keeper: int) -> None:
     if "--start-method=fork" in argv or ("--start-method", "fork") in zip(argv, argv[1:]):
         hold_signals_across_fork()  # the ranks are forks of this process (a warm run)
     sys.argv = ["torchrun", *argv]
+    name_rendezvous_events_cheaply()
     # what the torchrun command runs (its console script); a warm server imported the
     # module already, a cold agent imports it here
     importlib.import_module("torch.distributed.run").main(argv)
