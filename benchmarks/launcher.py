@@ -45,6 +45,7 @@ from pathlib import Path
 T_IMPORT = time.monotonic()
 import labutils  # noqa: E402 - timed: a notebook pays this once per kernel
 from labutils import launch  # noqa: E402
+from labutils.course.timing import machine_cpu_so_far  # noqa: E402
 from labutils.notebook.display import Display, TextDisplay  # noqa: E402
 
 IMPORT_S = time.monotonic() - T_IMPORT
@@ -214,6 +215,13 @@ def compare(samples: dict[str, list[float]]) -> dict:
     return out
 
 
+def machine_cpu() -> float:
+    """The CPU-seconds of every process of the machine so far (0 where /proc/stat is not
+    there): over a run on an otherwise idle machine, what the run cost, every process of
+    it counted (a warm run's agent and ranks are not this process's children)."""
+    return machine_cpu_so_far() or 0.0
+
+
 def checked_launch(script: Path, side: str, **kwargs):
     """launch() warm or cold; BenchError unless it started the way asked."""
     result = launch(script, warm=side == "warm", **kwargs)
@@ -230,8 +238,9 @@ def bench_hello(work: Path, runs: Path, repeats: int, log, *, name: str = "hello
     cmd = bare_torchrun(script, HELLO_RANKS)
 
     def one(side: str) -> dict:
+        cpu0 = machine_cpu()
         if side == "bare":
-            return run_bare(cmd, read_stdout=True, work=work)
+            return {**run_bare(cmd, read_stdout=True, work=work), "cpu_s": machine_cpu() - cpu0}
         display = StampDisplay()
         t0 = time.monotonic()
         result = checked_launch(script, side, nproc=HELLO_RANKS, display=display, log_dir=runs)
@@ -239,7 +248,8 @@ def bench_hello(work: Path, runs: Path, repeats: int, log, *, name: str = "hello
         if not result.ok:
             raise BenchError(f"launch() of the {name} failed:\n{result.summary()}")
         lines = sum(r.stdout_lines for r in result.ranks)
-        return {"total_s": total, "first_line_s": display.first_line - t0, "lines": lines}
+        return {"total_s": total, "first_line_s": display.first_line - t0, "lines": lines,
+                "cpu_s": machine_cpu() - cpu0}
 
     log(f"{name}: one untimed warm-up run of each side (file cache, __pycache__, the warm server)")
     for side in SIDES:
@@ -255,7 +265,7 @@ def bench_hello(work: Path, runs: Path, repeats: int, log, *, name: str = "hello
             raise BenchError(f"{side}: expected {HELLO_RANKS} {name} lines per run, got "
                              f"{[r['lines'] for r in runs_]}")
     out = {key: compare({side: [r[key] for r in samples[side]] for side in SIDES})
-           for key in ("total_s", "first_line_s")}
+           for key in ("total_s", "first_line_s", "cpu_s")}
     out["pass"] = out["total_s"]["warm_over_bare"] <= TARGET_WARM_RATIO
     out["pass_cold"] = out["total_s"]["cold_over_bare"] <= TARGET_HELLO_RATIO
     return out
@@ -438,14 +448,21 @@ def report(res: dict) -> str:
             f"{c['cold_over_bare']:.2f}x", target)
         row("  min-max (s)", spread(c["warm"]), spread(c["cold"]), spread(c["bare"]))
 
+    def cpu_row(c):
+        row("  CPU-s of the machine per run", f"{c['warm']['median']:.2f}",
+            f"{c['cold']['median']:.2f}", f"{c['bare']['median']:.2f}",
+            f"{c['warm_over_bare']:.2f}x", f"{c['cold_over_bare']:.2f}x")
+
     row("measurement (medians)", "warm", "cold", "bare", "w/bare", "c/bare", "target")
     row("-" * 34, "-" * 10, "-" * 10, "-" * 10, "-" * 7, "-" * 7, "-" * 24)
     sides(f"{HELLO_RANKS}-rank hello", h["total_s"],
           f"warm <= {TARGET_WARM_RATIO:.2f}x {verdict(h['pass'])}; "
           f"cold <= {TARGET_HELLO_RATIO:.2f}x {verdict(h['pass_cold'])}")
     sides("start to first rank line", h["first_line_s"])
+    cpu_row(h["cpu_s"])
     if "ddp" in res:
         sides(f"{HELLO_RANKS}-rank DDP, 5 steps", res["ddp"]["total_s"])
+        cpu_row(res["ddp"]["cpu_s"])
     sides(f"flood {f['lines']:,} lines", f)
     lps = f["lines_per_s"]
     row("  lines/s", f"{lps['warm']:,.0f}", f"{lps['cold']:,.0f}", f"{lps['bare']:,.0f}")
