@@ -6,6 +6,7 @@ this module; only the notebook does.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 
 from labutils.course import selfcheck
@@ -94,32 +95,46 @@ def _epoch_1(epochs: dict[int, dict]) -> tuple[bool, bool, bool]:
 PERSISTENCE = ("generator seeded with the rank", "persistent workers")
 
 
+def _later_first_batch_ms(records: Iterable[dict], loader: str) -> dict[int, float]:
+    """rank -> the median time to the first batch of epochs 1-4 (workers.py times five
+    epochs per loader), in ms."""
+    return {rec["rank"]: statistics.median(rec["first_batches_ms"][1:]) for rec in records
+            if rec.get("timed_loader") == loader and len(rec["first_batches_ms"]) > 1}
+
+
 def persistence_table(records: Iterable[dict]) -> str:
     """Per loader and rank: whether epoch 1 had new worker processes and new seeds, and
-    how long each epoch's first batch took to come."""
+    how long the first batch took to come in epoch 0 and, the median, in epochs 1-4."""
     records = list(records)
     rows = []
     for loader in PERSISTENCE:
+        later = _later_first_batch_ms(records, loader)
         for rank, epochs in sorted(_epochs(records, loader).items()):
             same_pids, same_seeds, _ = _epoch_1(epochs)
             rows.append([loader, rank, "the same" if same_pids else "new",
                          "kept" if same_seeds else "drawn again",
-                         f"{epochs[0]['first_batch_ms']:.1f}", f"{epochs[1]['first_batch_ms']:.1f}"])
+                         f"{epochs[0]['first_batch_ms']:.1f}",
+                         f"{later[rank]:.1f}" if rank in later else "-"])
     return text_table(["loader", "rank", "epoch 1's workers", "their seeds",
-                       "epoch 0 first batch (ms)", "epoch 1 first batch (ms)"], rows, right=[1, 4, 5])
+                       "epoch 0 first batch (ms)", "epochs 1-4 first batch, median (ms)"], rows,
+                      right=[1, 4, 5])
 
 
 def persistence_claims(records: Iterable[dict]) -> str:
-    """The section's claims about persistent_workers, each True or False."""
+    """The section's claims about persistent_workers, each True or False. "Sooner" compares
+    each rank's median over epochs 1-4: a single slow moment of a busy machine does not
+    decide it."""
     records = list(records)
     fresh, kept = (_epochs(records, loader) for loader in PERSISTENCE)
+    fresh_ms, kept_ms = (_later_first_batch_ms(records, loader) for loader in PERSISTENCE)
     restarted = all(not any(_epoch_1(e)[:2]) for e in fresh.values())
     went_on = all(_epoch_1(e) == (True, True, False) for e in kept.values())
-    sooner = all(kept[r][1]["first_batch_ms"] < fresh[r][1]["first_batch_ms"] for r in kept)
+    sooner = bool(kept_ms) and set(kept_ms) == set(fresh_ms) == set(kept) \
+        and all(kept_ms[r] < fresh_ms[r] for r in kept_ms)
     return "\n".join([
         f"without persistent_workers, epoch 1 starts new workers with new seeds: {bool(fresh) and restarted}",
         f"with it, the same workers and seeds, whose streams go on (new draws):  {bool(kept) and went_on}",
-        f"with it, epoch 1's first batch comes sooner, on every rank:            {bool(kept) and sooner}"])
+        f"with it, the first batch of epochs 1-4 comes sooner, on every rank:    {bool(kept) and sooner}"])
 
 
 def check_answers(answers: dict) -> None:
