@@ -211,7 +211,12 @@ def test_a_node_restarted_for_the_other_nodes_failure_keeps_its_restart_count(ho
         rank, world = dist.get_rank(), dist.get_world_size()
         report(step=0, total=2, restart=os.environ["TORCHELASTIC_RESTART_COUNT"],
                node=os.environ["GROUP_RANK"])
+        # Rank 3 ends once every rank is past init_process_group: a peer still connecting
+        # to it fails there (a loaded machine once kept rank 0 in gloo's connectFullMesh).
+        open(f"{sys.argv[1]}.up{rank}", "w").close()
         if rank == world - 1 and not os.path.exists(sys.argv[1]):
+            while not all(os.path.exists(f"{sys.argv[1]}.up{r}") for r in range(world)):
+                time.sleep(0.05)
             open(sys.argv[1], "w").close()
             sys.exit(3)
         time.sleep(10)  # outside any collective when rank 3 ends (a margin for a loaded machine)
