@@ -12,7 +12,8 @@ process's command line, so records are named by it; a process forked without exe
 its parent's command line, and torchrun's agent names its main thread "pt_elastic",
 which the ranks it forks inherit. Only the command's own descendants count (accounting
 sees the whole machine); a process still alive when the command ends (a daemon) has no
-record and is not counted.
+record and is not counted. Last, the warm servers started, by the kind of process that
+started each.
 """
 
 from __future__ import annotations
@@ -165,6 +166,30 @@ def descendants(rows: list[dict], root: int) -> list[dict]:
     return [r for r in rows if under(r["pid"])]
 
 
+SERVER = "labutils.runtime.server"
+
+
+def servers_started(rows: list[dict]) -> str:
+    """Who started the warm servers: a server is a process whose command line is the
+    server's and whose parent's is not (its keepers and their runs are forks of it, with
+    the same command line). Per kind of starter: how many, and the CPU they took."""
+    by_pid = {r.get("pid"): r for r in rows}
+    count: Counter[str] = Counter()
+    cpu: Counter[str] = Counter()
+    for r in rows:
+        parent = by_pid.get(r.get("parent") or r.get("ppid")) or by_pid.get(r.get("ppid"))
+        if SERVER in r.get("line", "") and not (parent and SERVER in parent.get("line", "")):
+            starter = parent["kind"] if parent else "a process that ended unseen"
+            count[starter] += 1
+            cpu[starter] += r["cpu_s"]
+    if not count:
+        return ""
+    lines = [f"{sum(count.values())} warm servers started, {sum(cpu.values()):.0f} CPU-s "
+             f"(without their keepers and runs), by:"]
+    lines += [f"{cpu[k]:8.1f} {n:9d}  {k}" for k, n in count.most_common()]
+    return "\n".join(lines)
+
+
 def report(rows: list[dict], wall_s: float) -> str:
     cpu: Counter[str] = Counter()
     count: Counter[str] = Counter()
@@ -178,7 +203,8 @@ def report(rows: list[dict], wall_s: float) -> str:
             lines.append(f"{seconds:8.1f} {seconds / max(total, 1e-9):6.1%} {count[name]:9d}  {name}")
     lines.append(f"{total:.0f} CPU-s in {wall_s:.0f} s ({total / max(wall_s, 1e-9):.2f} cores on "
                  f"average), {len(rows)} processes ended")
-    return "\n".join(lines)
+    servers = servers_started(rows)
+    return "\n".join(lines + ([servers] if servers else []))
 
 
 # Held while a measure runs: the machine has one accounting file, and a second measure
@@ -234,7 +260,7 @@ def account(command: list[str]) -> tuple[int, list[dict], int, float]:
     find = names.finder()
     for r in rows:
         line, r["parent"] = find(r["pid"], r["btime"])
-        r["kind"] = kind(line, r["comm"])
+        r["kind"], r["line"] = kind(line, r["comm"]), line
     return status, rows, proc.pid, wall
 
 

@@ -117,6 +117,22 @@ def test_the_report_counts_by_kind_and_leaves_out_kinds_under_a_twentieth_of_a_s
     assert lines[3] == "4 CPU-s in 2 s (2.02 cores on average), 4 processes ended"
 
 
+def test_the_servers_are_counted_by_who_started_them_without_their_forks():
+    server = "/venv/bin/python -u -m labutils.runtime.server 5"
+    rows = [{"pid": 1, "ppid": 0, "parent": 0, "kind": "pytest and its xdist workers", "line": "pytest", "cpu_s": 1.0},
+            {"pid": 2, "ppid": 1, "parent": 1, "kind": "warm servers", "line": server, "cpu_s": 2.5},
+            {"pid": 3, "ppid": 2, "parent": 2, "kind": "warm servers", "line": server, "cpu_s": 0.2},  # a keeper
+            {"pid": 4, "ppid": 1, "parent": 1, "kind": "notebook kernels", "line": "ipykernel_launcher", "cpu_s": 1.0},
+            {"pid": 5, "ppid": 4, "parent": 4, "kind": "warm servers", "line": server, "cpu_s": 3.0},
+            {"pid": 6, "ppid": 1, "parent": 1, "kind": "warm servers", "line": server, "cpu_s": 2.0}]
+    lines = sp.servers_started(rows).splitlines()
+    assert lines[0] == "3 warm servers started, 8 CPU-s (without their keepers and runs), by:"
+    assert lines[1].split() == ["4.5", "2", "pytest", "and", "its", "xdist", "workers"]
+    assert lines[2].split() == ["3.0", "1", "notebook", "kernels"]
+    assert sp.servers_started(rows[:1]) == ""
+    assert sp.report(rows, 1.0).splitlines()[-1].split()[:2] == ["3.0", "1"]
+
+
 def test_a_second_measure_refuses_while_one_runs():
     """The kernel keeps one accounting file: a measure started while another holds the
     lock (this file's test inside a measured suite, a suite beside another) refuses."""
